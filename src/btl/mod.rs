@@ -1,0 +1,1 @@
+//! The OFI BTL: active messages, RDMA and atomics.

@@ -1,0 +1,1 @@
+//! Common OFI code shared by the BTL and the MTL.

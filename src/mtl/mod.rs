@@ -1,0 +1,1 @@
+//! The OFI MTL: tagged messaging under pml cm.

@@ -1,0 +1,1 @@
+//! The boundary with Open MPI.
