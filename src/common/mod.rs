@@ -1,1 +1,47 @@
-//! Common OFI code shared by the BTL and the MTL.
+//! Common OFI code shared by the BTL and the MTL: the common MCA parameters, the
+//! output stream, provider selection, the shared fabric/domain and the memory monitor.
+//!
+//! Everything here exists once per process (one shared object holds common, BTL and
+//! MTL). The BTL and MTL reach it only through the functions of this module, a narrow
+//! interface that could become a C ABI if the components are ever built apart.
+
+use crate::ompi::output;
+use crate::ompi::params::{common as idx, Owner, Registered, COMMON};
+use ompi_sys as sys;
+use std::sync::Mutex;
+
+static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
+static OUTPUT_USERS: Mutex<u32> = Mutex::new(0);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Register the `opal_common_ofi_*` parameters (once per load) and the
+/// `<component>_ofi_*` synonyms of the component that calls.
+pub fn register_params(component: *const sys::mca_base_component_t) {
+    let mut p = lock(&PARAMS);
+    let reg = p.get_or_insert_with(|| Registered::register(COMMON, Owner::Common));
+    reg.add_synonyms(component);
+}
+
+/// Run `f` with the common parameters (registered by whichever component came first).
+pub fn with_params<R>(f: impl FnOnce(&Registered) -> R) -> Option<R> {
+    lock(&PARAMS).as_ref().map(f)
+}
+
+/// Open the output stream at `opal_common_ofi_verbose` (each component's open calls it).
+pub fn open_output() {
+    let verbose = with_params(|p| p.int(idx::VERBOSE)).unwrap_or(0) as i32;
+    output::init(verbose);
+    *lock(&OUTPUT_USERS) += 1;
+}
+
+/// Close the output stream when the last component closes.
+pub fn close_output() {
+    let mut n = lock(&OUTPUT_USERS);
+    *n = n.saturating_sub(1);
+    if *n == 0 {
+        output::fini();
+    }
+}

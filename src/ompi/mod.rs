@@ -1,1 +1,8 @@
-//! The boundary with Open MPI.
+//! The boundary with Open MPI: component structs, MCA parameters, output, modex.
+//! Everything that touches Open MPI's internals directly lives here or in
+//! `opal_glue/`; the data paths call the safe functions of these modules.
+pub mod component;
+pub mod glue;
+pub mod modex;
+pub mod output;
+pub mod params;

@@ -1,0 +1,74 @@
+//! The exported `mca_btl_ofi_component` and its open/close/register/init entry points.
+
+use crate::common;
+use crate::ompi::component::{base_component, ffi_guard, Exported};
+use crate::ompi::params::{Owner, Registered, BTL};
+use ompi_sys as sys;
+use std::sync::Mutex;
+
+#[no_mangle]
+pub static mca_btl_ofi_component: Exported<sys::mca_btl_base_component_3_0_0_t> =
+    Exported::new(sys::mca_btl_base_component_3_0_0_t {
+        btl_version: base_component("opal", "btl", (3, 1, 0), Some(open), Some(close), Some(register)),
+        btl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
+        btl_init: Some(init),
+        btl_progress: Some(progress),
+    });
+
+/// The BTL's registered parameters (`btl_ofi_*`).
+pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
+
+pub fn component_ptr() -> *const sys::mca_base_component_t {
+    // SAFETY: taking the address of a field of our static; nothing is dereferenced.
+    unsafe { &raw const (*mca_btl_ofi_component.get()).btl_version }
+}
+
+extern "C" fn register() -> i32 {
+    ffi_guard("btl register", sys::OPAL_ERROR, || {
+        let reg = Registered::register(BTL, Owner::Component(component_ptr()));
+        *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        common::register_params(component_ptr());
+        super::register_base_params();
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn open() -> i32 {
+    ffi_guard("btl open", sys::OPAL_ERROR, || {
+        common::open_output();
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn close() -> i32 {
+    ffi_guard("btl close", sys::OPAL_ERROR, || {
+        super::finalize_component();
+        common::close_output();
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn init(
+    num_btls: *mut i32,
+    enable_progress_threads: bool,
+    enable_mpi_threads: bool,
+) -> *mut *mut sys::mca_btl_base_module_t {
+    ffi_guard("btl init", std::ptr::null_mut(), || {
+        let (modules, n) = match super::init_modules(enable_progress_threads, enable_mpi_threads) {
+            Ok(v) => v,
+            Err(reason) => {
+                log::info!("declining: {reason}");
+                (std::ptr::null_mut(), 0)
+            }
+        };
+        if !num_btls.is_null() {
+            // SAFETY: Open MPI passes a valid out pointer.
+            unsafe { *num_btls = n };
+        }
+        modules
+    })
+}
+
+extern "C" fn progress() -> i32 {
+    ffi_guard("btl progress", 0, super::progress)
+}

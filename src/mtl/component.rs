@@ -1,0 +1,59 @@
+//! The exported `mca_mtl_ofi_component` and its open/close/register/init entry points.
+
+use crate::common;
+use crate::ompi::component::{base_component, ffi_guard, Exported};
+use crate::ompi::params::{Owner, Registered, MTL};
+use ompi_sys as sys;
+use std::sync::Mutex;
+
+#[no_mangle]
+pub static mca_mtl_ofi_component: Exported<sys::mca_mtl_base_component_2_0_0_t> =
+    Exported::new(sys::mca_mtl_base_component_2_0_0_t {
+        mtl_version: base_component("ompi", "mtl", (2, 0, 0), Some(open), Some(close), Some(register)),
+        mtl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
+        mtl_init: Some(init),
+    });
+
+/// The MTL's registered parameters (`mtl_ofi_*`).
+pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
+
+pub fn component_ptr() -> *const sys::mca_base_component_t {
+    // SAFETY: taking the address of a field of our static; nothing is dereferenced.
+    unsafe { &raw const (*mca_mtl_ofi_component.get()).mtl_version }
+}
+
+extern "C" fn register() -> i32 {
+    ffi_guard("mtl register", sys::OPAL_ERROR, || {
+        let reg = Registered::register(MTL, Owner::Component(component_ptr()));
+        *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        common::register_params(component_ptr());
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn open() -> i32 {
+    ffi_guard("mtl open", sys::OPAL_ERROR, || {
+        common::open_output();
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn close() -> i32 {
+    ffi_guard("mtl close", sys::OPAL_ERROR, || {
+        super::finalize_component();
+        common::close_output();
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn init(enable_progress_threads: bool, enable_mpi_threads: bool) -> *mut sys::mca_mtl_base_module_t {
+    ffi_guard("mtl init", std::ptr::null_mut(), || {
+        match super::init_module(enable_progress_threads, enable_mpi_threads) {
+            Ok(m) => m,
+            Err(reason) => {
+                log::info!("declining: {reason}");
+                std::ptr::null_mut()
+            }
+        }
+    })
+}

@@ -1,0 +1,93 @@
+//! Building the component structs Open MPI loads, and the panic barrier every
+//! `extern "C"` entry point goes through.
+
+use ompi_sys as sys;
+use std::cell::UnsafeCell;
+use std::os::raw::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// This project's own component version, shown by `ompi_info` so that users (and
+/// tests) can tell our components from the C ones.
+pub const VERSION: (i32, i32, i32) = (0, 1, 0);
+
+/// A C struct exported to Open MPI as a data symbol. Open MPI reads it (and may write
+/// into it) from its own threads during component open/close, which are serialised by
+/// the MCA framework.
+#[repr(transparent)]
+pub struct Exported<T>(UnsafeCell<T>);
+
+// SAFETY: Open MPI accesses the component struct only from MCA framework open,
+// select and close, which it serialises; we never hand out references to it.
+unsafe impl<T> Sync for Exported<T> {}
+
+impl<T> Exported<T> {
+    pub const fn new(v: T) -> Self {
+        Exported(UnsafeCell::new(v))
+    }
+    pub fn get(&self) -> *mut T {
+        self.0.get()
+    }
+}
+
+/// A fixed-size, NUL-padded C name.
+pub const fn cname<const N: usize>(s: &str) -> [c_char; N] {
+    let b = s.as_bytes();
+    let mut out = [0 as c_char; N];
+    let mut i = 0;
+    while i < b.len() && i < N - 1 {
+        out[i] = b[i] as c_char;
+        i += 1;
+    }
+    out
+}
+
+/// The MCA 2.1.0 header of a component named `ofi` of the given framework.
+pub const fn base_component(
+    project: &str,
+    framework: &str,
+    framework_version: (i32, i32, i32),
+    open: sys::mca_base_open_component_1_0_0_fn_t,
+    close: sys::mca_base_close_component_1_0_0_fn_t,
+    register: sys::mca_base_register_component_params_2_0_0_fn_t,
+) -> sys::mca_base_component_t {
+    sys::mca_base_component_t {
+        mca_major_version: 2,
+        mca_minor_version: 1,
+        mca_release_version: 0,
+        mca_project_name: cname(project),
+        mca_project_major_version: sys::OMPI_MAJOR_VERSION as i32,
+        mca_project_minor_version: sys::OMPI_MINOR_VERSION as i32,
+        mca_project_release_version: sys::OMPI_RELEASE_VERSION as i32,
+        mca_type_name: cname(framework),
+        mca_type_major_version: framework_version.0,
+        mca_type_minor_version: framework_version.1,
+        mca_type_release_version: framework_version.2,
+        mca_component_name: cname("ofi"),
+        mca_component_major_version: VERSION.0,
+        mca_component_minor_version: VERSION.1,
+        mca_component_release_version: VERSION.2,
+        mca_open_component: open,
+        mca_close_component: close,
+        mca_query_component: None,
+        mca_register_component_params: register,
+        mca_component_flags: 0,
+        reserved: [0; 28],
+    }
+}
+
+/// Run `f` at the C boundary: a panic becomes `on_panic` (and is logged), so that no
+/// panic ever unwinds into Open MPI.
+pub fn ffi_guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| e.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            log::error!("internal error in {what}: {msg}");
+            on_panic
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! MCA parameters: the specs generated from `mca_params/*.params` and their
+//! registration with Open MPI's variable system.
+//!
+//! Storage: Open MPI keeps a pointer to each variable's storage for as long as the
+//! variable exists, and variables of the common layer outlive our library when Open MPI
+//! `dlclose`s it (a BTL that declines is unloaded before the MTL loads a fresh copy).
+//! So storage cells come from the C heap and are deliberately never freed: a few
+//! hundred bytes per load, and never a dangling pointer inside Open MPI.
+
+use ompi_sys as sys;
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int, c_void};
+use std::sync::Mutex;
+
+/// The value type and default of a parameter.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Int(i64),
+    Size(u64),
+    Bool(bool),
+    Str(&'static str),
+    Enum { default: i32, values: &'static [(i32, &'static str)] },
+}
+
+/// One row of a parameter table.
+#[derive(Debug)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub level: u32,
+    pub readonly: bool,
+    pub synonyms: &'static [&'static str],
+    pub help: &'static str,
+}
+
+include!(concat!(env!("OUT_DIR"), "/params.rs"));
+
+/// Who owns a table: the common layer (`opal_common_ofi_*`) or one component.
+#[derive(Clone, Copy)]
+pub enum Owner {
+    Common,
+    Component(*const sys::mca_base_component_t),
+}
+
+/// A table registered with Open MPI: storage cells, variable indices, and the
+/// values Open MPI rejected (an invalid enum value, for example), which make the
+/// component decline at init.
+pub struct Registered {
+    specs: &'static [ParamSpec],
+    cells: *mut u64,
+    pub indices: Vec<c_int>,
+    pub rejected: Vec<String>,
+    full_prefix: String,
+}
+
+// SAFETY: the cells are written by Open MPI during registration (single-threaded,
+// inside MCA open) and read afterwards; the pointer itself is never freed.
+unsafe impl Send for Registered {}
+
+impl Registered {
+    /// Register `specs` for `owner`. For the common table, `synonym_for` names the
+    /// component whose `<type>_ofi_<name>` synonyms are added.
+    pub fn register(specs: &'static [ParamSpec], owner: Owner) -> Registered {
+        // SAFETY: calloc of a small array; null is handled below.
+        let cells = unsafe { libc::calloc(specs.len().max(1), 8) as *mut u64 };
+        let full_prefix = match owner {
+            Owner::Common => "opal_common_ofi_".to_string(),
+            Owner::Component(c) => format!("{}_ofi_", component_type(c)),
+        };
+        let mut reg = Registered { specs, cells, indices: Vec::new(), rejected: Vec::new(), full_prefix };
+        if cells.is_null() {
+            reg.rejected.push("out of memory registering MCA parameters".into());
+            return reg;
+        }
+        for (i, spec) in specs.iter().enumerate() {
+            let idx = reg.register_one(i, spec, owner);
+            reg.indices.push(idx);
+        }
+        reg
+    }
+
+    fn cell(&self, i: usize) -> *mut u64 {
+        // SAFETY: i < specs.len() == the number of cells allocated.
+        unsafe { self.cells.add(i) }
+    }
+
+    fn register_one(&mut self, i: usize, spec: &ParamSpec, owner: Owner) -> c_int {
+        let cell = self.cell(i);
+        let (ty, mut enumerator) = match spec.kind {
+            Kind::Int(v) => {
+                // SAFETY: cell is 8-byte aligned storage owned by this table.
+                unsafe { *(cell as *mut c_int) = v as c_int };
+                (sys::MCA_BASE_VAR_TYPE_INT, std::ptr::null_mut())
+            }
+            Kind::Size(v) => {
+                // SAFETY: as above.
+                unsafe { *(cell as *mut usize) = v as usize };
+                (sys::MCA_BASE_VAR_TYPE_SIZE_T, std::ptr::null_mut())
+            }
+            Kind::Bool(v) => {
+                // SAFETY: as above.
+                unsafe { *(cell as *mut bool) = v };
+                (sys::MCA_BASE_VAR_TYPE_BOOL, std::ptr::null_mut())
+            }
+            Kind::Str(v) => {
+                // Open MPI strdup()s the default found in the storage at registration.
+                let c = CString::new(v).unwrap_or_default();
+                // SAFETY: as above; the CString is leaked on purpose, see the module docs
+                // (Open MPI copies it, so only a few bytes per load are lost).
+                unsafe { *(cell as *mut *mut c_char) = c.into_raw() };
+                (sys::MCA_BASE_VAR_TYPE_STRING, std::ptr::null_mut())
+            }
+            Kind::Enum { default, values } => {
+                // SAFETY: as above.
+                unsafe { *(cell as *mut c_int) = default };
+                (sys::MCA_BASE_VAR_TYPE_INT, make_enum(spec.name, values))
+            }
+        };
+        let name = CString::new(spec.name).unwrap_or_default();
+        let help = CString::new(spec.help).unwrap_or_default();
+        let (scope, flags) = if spec.readonly {
+            (sys::MCA_BASE_VAR_SCOPE_CONSTANT, sys::MCA_BASE_VAR_FLAG_DEFAULT_ONLY)
+        } else {
+            (sys::MCA_BASE_VAR_SCOPE_READONLY, 0)
+        };
+        let level = sys::OPAL_INFO_LVL_1 + spec.level - 1;
+        // SAFETY: every pointer is valid for the call; the storage cell outlives the
+        // variable (never freed), the enumerator is retained by Open MPI.
+        let idx = unsafe {
+            match owner {
+                Owner::Common => sys::mca_base_var_register(
+                    c"opal".as_ptr(),
+                    c"opal_common".as_ptr(),
+                    c"ofi".as_ptr(),
+                    name.as_ptr(),
+                    help.as_ptr(),
+                    ty,
+                    enumerator,
+                    0,
+                    flags,
+                    level,
+                    scope,
+                    cell as *mut c_void,
+                ),
+                Owner::Component(c) => sys::mca_base_component_var_register(
+                    c,
+                    name.as_ptr(),
+                    help.as_ptr(),
+                    ty,
+                    enumerator,
+                    0,
+                    flags,
+                    level,
+                    scope,
+                    cell as *mut c_void,
+                ),
+            }
+        };
+        if !enumerator.is_null() {
+            // SAFETY: we own one reference from mca_base_var_enum_create; Open MPI
+            // retained its own when registering.
+            unsafe { release_enum(enumerator) };
+            enumerator = std::ptr::null_mut();
+        }
+        let _ = enumerator;
+        if idx < 0 {
+            // Open MPI has already printed why (e.g. "An invalid value was supplied
+            // for an enum variable"); remember it so init can decline.
+            self.rejected.push(format!(
+                "{}{}: Open MPI rejected the value (error {idx}); see the message above",
+                self.full_prefix, spec.name
+            ));
+        }
+        idx
+    }
+
+    /// Add `<type>_ofi_<name>` synonyms of this (common) table for `component`.
+    pub fn add_synonyms(&self, component: *const sys::mca_base_component_t) {
+        let ty = component_type(component);
+        let (project, framework) = match ty.as_str() {
+            "btl" => (c"opal", c"btl"),
+            "mtl" => (c"ompi", c"mtl"),
+            _ => return,
+        };
+        for (spec, &idx) in self.specs.iter().zip(&self.indices) {
+            if idx < 0 || !spec.synonyms.iter().any(|s| *s == ty) {
+                continue;
+            }
+            let name = CString::new(spec.name).unwrap_or_default();
+            // SAFETY: idx is a variable index Open MPI returned; the strings are valid.
+            unsafe {
+                sys::mca_base_var_register_synonym(
+                    idx,
+                    project.as_ptr(),
+                    framework.as_ptr(),
+                    c"ofi".as_ptr(),
+                    name.as_ptr(),
+                    0,
+                );
+            }
+        }
+    }
+
+    /// The value of an int or enum parameter.
+    pub fn int(&self, i: usize) -> i64 {
+        match self.specs[i].kind {
+            // SAFETY: the cell holds a C int for these kinds.
+            Kind::Int(_) | Kind::Enum { .. } => unsafe { *(self.cell(i) as *const c_int) as i64 },
+            // SAFETY: the cell holds a size_t.
+            Kind::Size(_) => unsafe { *(self.cell(i) as *const usize) as i64 },
+            // SAFETY: the cell holds a C bool.
+            Kind::Bool(_) => unsafe { *(self.cell(i) as *const bool) as i64 },
+            Kind::Str(_) => 0,
+        }
+    }
+
+    /// The value of a size parameter.
+    pub fn size(&self, i: usize) -> u64 {
+        self.int(i).max(0) as u64
+    }
+
+    /// The value of a bool parameter.
+    pub fn bool(&self, i: usize) -> bool {
+        self.int(i) != 0
+    }
+
+    /// The value of a string parameter; `None` when unset or empty.
+    pub fn string(&self, i: usize) -> Option<String> {
+        // SAFETY: a string cell holds null or a NUL-terminated string owned by Open MPI.
+        let p = unsafe { *(self.cell(i) as *const *const c_char) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: checked non-null above.
+        let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+        if s.is_empty() { None } else { Some(s) }
+    }
+
+    /// The name of an enum parameter's current value.
+    pub fn enum_name(&self, i: usize) -> Option<&'static str> {
+        if let Kind::Enum { values, .. } = self.specs[i].kind {
+            let v = self.int(i) as i32;
+            values.iter().find(|(n, _)| *n == v).map(|(_, s)| *s)
+        } else {
+            None
+        }
+    }
+
+    /// Set a read-only string variable (a status report) in place.
+    pub fn set_status(&self, i: usize, value: &str) {
+        let Ok(c) = CString::new(value) else { return };
+        // SAFETY: the cell holds a string pointer; Open MPI frees string storage with
+        // free() at deregistration, so the new value comes from the C heap.
+        unsafe {
+            let dup = libc::strdup(c.as_ptr());
+            let cell = self.cell(i) as *mut *mut c_char;
+            let old = *cell;
+            *cell = dup;
+            if !old.is_null() {
+                libc::free(old as *mut c_void);
+            }
+        }
+    }
+
+    /// Is the variable set by the user (not at its default)?
+    pub fn is_set(&self, i: usize) -> bool {
+        let idx = self.indices.get(i).copied().unwrap_or(-1);
+        if idx < 0 {
+            return false;
+        }
+        let mut source: sys::mca_base_var_source_t = sys::MCA_BASE_VAR_SOURCE_DEFAULT;
+        // SAFETY: idx is a valid variable index; source is a valid out pointer.
+        let rc = unsafe { sys::mca_base_var_get_value(idx, std::ptr::null_mut(), &mut source, std::ptr::null_mut()) };
+        rc == sys::OPAL_SUCCESS && source != sys::MCA_BASE_VAR_SOURCE_DEFAULT
+    }
+}
+
+fn component_type(c: *const sys::mca_base_component_t) -> String {
+    // SAFETY: c points to one of our component structs, whose type name is a
+    // NUL-terminated array.
+    unsafe { CStr::from_ptr((*c).mca_type_name.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// Enumerators are built at registration and handed to Open MPI, which copies the
+/// strings. Serialised because Open MPI's variable system is not thread-safe anyway.
+static ENUM_LOCK: Mutex<()> = Mutex::new(());
+
+fn make_enum(name: &str, values: &[(i32, &'static str)]) -> *mut sys::mca_base_var_enum_t {
+    let _g = ENUM_LOCK.lock();
+    let strings: Vec<CString> = values.iter().map(|(_, s)| CString::new(*s).unwrap_or_default()).collect();
+    let mut table: Vec<sys::mca_base_var_enum_value_t> = values
+        .iter()
+        .zip(&strings)
+        .map(|((v, _), s)| sys::mca_base_var_enum_value_t { value: *v, string: s.as_ptr() })
+        .collect();
+    table.push(sys::mca_base_var_enum_value_t { value: 0, string: std::ptr::null() });
+    let ename = CString::new(format!("ompi_ofi_{name}")).unwrap_or_default();
+    let mut out: *mut sys::mca_base_var_enum_t = std::ptr::null_mut();
+    // SAFETY: table is NUL-terminated and valid for the call; Open MPI copies the
+    // value strings into the enumerator it creates.
+    let rc = unsafe { sys::mca_base_var_enum_create(ename.as_ptr(), table.as_ptr(), &mut out) };
+    if rc != sys::OPAL_SUCCESS { std::ptr::null_mut() } else { out }
+}
+
+unsafe extern "C" {
+    fn ompi_ofi_glue_obj_release(obj: *mut c_void);
+}
+
+/// # Safety
+/// `e` must be an enumerator we hold a reference to.
+unsafe fn release_enum(e: *mut sys::mca_base_var_enum_t) {
+    // SAFETY: forwarded contract.
+    unsafe { ompi_ofi_glue_obj_release(e as *mut c_void) }
+}
+
+/// The README's parameter table, generated from the same specs.
+pub fn markdown_table() -> String {
+    let mut s = String::from("| parameter | default | level | meaning |\n|---|---|---|---|\n");
+    for (prefix, specs) in [("opal_common_ofi_", COMMON), ("mtl_ofi_", MTL), ("btl_ofi_", BTL)] {
+        for p in specs {
+            let def = match p.kind {
+                Kind::Int(v) => v.to_string(),
+                Kind::Size(v) => v.to_string(),
+                Kind::Bool(v) => v.to_string(),
+                Kind::Str(v) => if v.is_empty() { "(empty)".into() } else { v.to_string() },
+                Kind::Enum { default, values } => {
+                    let names: Vec<&str> = values.iter().map(|(_, n)| *n).collect();
+                    let d = values.iter().find(|(v, _)| *v == default).map(|(_, n)| *n).unwrap_or("");
+                    format!("{d} ({})", names.join(" \\| "))
+                }
+            };
+            let syn = if p.synonyms.is_empty() {
+                String::new()
+            } else {
+                format!(" (also {})", p.synonyms.iter().map(|s| format!("`{s}_ofi_{}`", p.name)).collect::<Vec<_>>().join(", "))
+            };
+            s.push_str(&format!("| `{prefix}{}`{syn} | {def} | {} | {} |\n", p.name, p.level, p.help.replace('|', "\\|")));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_well_formed() {
+        for specs in [COMMON, MTL, BTL] {
+            let mut names: Vec<_> = specs.iter().map(|p| p.name).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), specs.len(), "duplicate parameter names");
+        }
+        assert_eq!(COMMON[common::PROVIDER_EXCLUDE].name, "provider_exclude");
+        assert!(matches!(COMMON[common::PROVIDER_EXCLUDE].kind, Kind::Str("shm,sockets,tcp,udp,rstream,usnic,net")));
+        assert!(matches!(MTL[mtl::TAG_MODE].kind, Kind::Enum { default: 1, .. }));
+    }
+
+    #[test]
+    fn markdown_lists_every_parameter() {
+        let t = markdown_table();
+        for p in COMMON {
+            assert!(t.contains(&format!("`opal_common_ofi_{}`", p.name)));
+        }
+        assert!(t.contains("`mtl_ofi_tag_mode`"));
+        assert!(t.contains("`btl_ofi_num_cq_read`"));
+    }
+}
