@@ -1,1 +1,2 @@
 //! Common OFI code shared by the BTL and the MTL.
+pub mod select;
