@@ -102,7 +102,10 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
     // SAFETY: opal_process_info and the world size are set up before MTL init.
     let (local_peers, world) = unsafe { (sys::opal_process_info.num_local_peers, sys::ompi_proc_world_size()) };
     let all_local = local_peers + 1 >= world;
-    let locality = if all_local { fi::FI_LOCAL_COMM as u64 } else { (fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM) as u64 };
+    // A job on one node asks for no locality capability at all: shm lists neither
+    // FI_LOCAL_COMM nor FI_REMOTE_COMM, and asking for remote communication is what
+    // keeps the C MTL off shm.
+    let locality = if all_local { 0 } else { (fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM) as u64 };
     let threading = if mpi_threads { fi::FI_THREAD_SAFE } else { fi::FI_THREAD_DOMAIN };
     let make_hints = |cq_data: bool| -> crate::fabric::Result<Hints> {
         let mut h = Hints::new()?
