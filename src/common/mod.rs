@@ -66,3 +66,6 @@ pub(crate) fn monitor_setup(_choice: &str) -> Result<(), Decline> {
 
 /// After the last domain closed.
 pub(crate) fn monitor_teardown() {}
+pub mod monitor;
+pub mod patch_check;
+pub mod release;
