@@ -448,6 +448,7 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
     let r = unsafe { Request::from_ctx(e.op_context) };
     // SAFETY: r is live until we complete it.
     let kind = unsafe { (*r).kind };
+    log::trace!("completion {kind:?} ctx {:p} tag {:#x} len {} flags {:#x} data {:#x}", e.op_context, e.tag, e.len, e.flags, e.data);
     match kind {
         Kind::Send => {
             // SAFETY: r is live.

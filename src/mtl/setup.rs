@@ -177,7 +177,9 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
         cq: cq.as_ptr(),
         layout,
         inject_size,
-        directed,
+        // Only the full layout needs directed receives (the source is not in the tag);
+        // the others match the source in the tag bits.
+        directed: directed && layout.source_in_data(),
         events_per_progress: events,
         lock: datapath::MaybeLock::new(threaded_lock),
         sync_ids: AtomicU32::new(0),
