@@ -63,6 +63,9 @@ pub struct Mtl {
     pub overflow_len: usize,
     pub sync_ids: AtomicU32,
     pub counters: Counters,
+    /// Matching in software (see softmatch.rs), for providers whose tag matching is
+    /// broken.
+    pub soft: Option<Box<super::softmatch::SoftMatch>>,
 }
 
 #[derive(Default)]
@@ -82,7 +85,7 @@ unsafe impl Sync for Mtl {}
 pub static MTL: AtomicPtr<Mtl> = AtomicPtr::new(ptr::null_mut());
 
 #[inline]
-fn mtl() -> Option<&'static Mtl> {
+pub(super) fn mtl() -> Option<&'static Mtl> {
     let p = MTL.load(Ordering::Acquire);
     // SAFETY: MTL points to a leaked Box that finalize frees only after the PML has
     // stopped calling us (mtl_finalize is the last call of the module).
@@ -103,6 +106,10 @@ pub enum Kind {
     Probe,
     /// A claim receive after an mprobe (heap, owned by the message).
     Claim,
+    /// A receive buffer of software matching (heap, owned by `SoftMatch`).
+    Bounce,
+    /// A receive of software matching reading a rendezvous message.
+    SmRead,
 }
 
 /// The MTL request: the PML allocates `mtl_request_size` bytes after its
@@ -131,6 +138,10 @@ pub struct Request {
     pub matched_data: u64,
     /// Cancel bookkeeping for receives.
     pub cancel_requested: bool,
+    /// Software matching: the header sent or matched, the peer, the registration.
+    pub sm_hdr: super::softmatch::Hdr,
+    pub sm_addr: u64,
+    pub sm_mr: *mut c_void,
 }
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -169,11 +180,14 @@ impl Request {
             ptr::addr_of_mut!((*r).matched_tag).write(0);
             ptr::addr_of_mut!((*r).matched_data).write(0);
             ptr::addr_of_mut!((*r).cancel_requested).write(false);
+            ptr::addr_of_mut!((*r).sm_hdr).write(Default::default());
+            ptr::addr_of_mut!((*r).sm_addr).write(0);
+            ptr::addr_of_mut!((*r).sm_mr).write(ptr::null_mut());
         }
     }
 
     /// A fully owned internal request on the heap or the stack.
-    fn internal(kind: Kind, comm: *mut sys::ompi_communicator_t) -> Request {
+    pub(super) fn internal(kind: Kind, comm: *mut sys::ompi_communicator_t) -> Request {
         let mut r = std::mem::MaybeUninit::<Request>::uninit();
         // SAFETY: r has room for a Request; sup is set right after.
         unsafe {
@@ -187,7 +201,7 @@ impl Request {
     }
 
     #[inline]
-    fn ctx_ptr(&mut self) -> *mut c_void {
+    pub(super) fn ctx_ptr(&mut self) -> *mut c_void {
         ptr::addr_of_mut!(self.ctx) as *mut c_void
     }
 
@@ -236,7 +250,7 @@ pub struct PeerEndpoint {
 
 /// The fabric address of `rank` in `comm`, adding the proc if it was not yet known.
 #[inline]
-fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_addr_t, c_int> {
+pub(super) fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_addr_t, c_int> {
     // SAFETY: comm is a live communicator the PML passed; the glue resolves sentinels.
     let proc_ = unsafe { glue::ompi_ofi_glue_comm_peer(comm, rank) };
     if proc_.is_null() {
@@ -474,7 +488,7 @@ fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
 
 /// Retry `op` while it returns -FI_EAGAIN, progressing between attempts (flow control).
 #[inline]
-fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
+pub(super) fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
     loop {
         let ret = {
             let _g = m.lock.lock();
@@ -488,7 +502,7 @@ fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
     }
 }
 
-fn fi_to_ompi(ret: isize) -> c_int {
+pub(super) fn fi_to_ompi(ret: isize) -> c_int {
     crate::fabric::Error::from_ret(ret).to_opal()
 }
 
@@ -511,6 +525,16 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
         e.data
     );
     match kind {
+        Kind::Bounce => {
+            if let Some(sm) = m.soft.as_deref() {
+                // SAFETY: r is one of the bounce requests.
+                unsafe { super::softmatch::bounce_done(m, sm, r, e.len) };
+            }
+        }
+        Kind::SmRead => {
+            // SAFETY: r is a live receive reading its message.
+            unsafe { super::softmatch::read_done(m, r) };
+        }
         Kind::Send => {
             // SAFETY: r is live.
             unsafe { finish_part(r) };
@@ -572,7 +596,7 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
 ///
 /// # Safety
 /// `r` must be live.
-unsafe fn finish_part(r: *mut Request) {
+pub(super) unsafe fn finish_part(r: *mut Request) {
     // SAFETY: forwarded.
     unsafe {
         if (*r).pending.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -589,7 +613,7 @@ unsafe fn finish_part(r: *mut Request) {
 
 /// # Safety
 /// `r` must be a live receive request.
-unsafe fn recv_done(
+pub(super) unsafe fn recv_done(
     m: &Mtl,
     r: *mut Request,
     tag: u64,
@@ -739,6 +763,14 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                     }
                     Kind::Claim | Kind::Probe => {
                         (*r).pending.store(0, Ordering::Release);
+                    }
+                    Kind::Bounce => {
+                        log::error!("a receive buffer failed; software matching has one fewer");
+                    }
+                    Kind::SmRead => {
+                        (*r).kind = Kind::Recv;
+                        let hdr = (*r).sm_hdr;
+                        recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int);
                     }
                 }
             }
@@ -916,6 +948,19 @@ fn send_impl(
         Err(e) => return e,
     };
     let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
+    if let Some(sm) = m.soft.as_deref() {
+        let mut r = Request::internal(Kind::Send, comm);
+        let (bits, cqd) = soft_envelope(m, comm, tag, sync);
+        let rc = super::softmatch::send(m, sm, &mut r, addr, data.ptr, data.len, bits, cqd, sync);
+        if rc == super::softmatch::SENT_INLINE {
+            return sys::OMPI_SUCCESS;
+        }
+        if rc != sys::OMPI_SUCCESS {
+            return rc;
+        }
+        wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
+        return if r.status.error != 0 { r.status.error } else { sys::OMPI_SUCCESS };
+    }
     if !sync && data.len <= m.inject_size {
         return inject(m, addr, &data, comm, tag);
     }
@@ -934,6 +979,13 @@ fn send_impl(
     } else {
         sys::OMPI_SUCCESS
     }
+}
+
+/// The envelope of a software-matched send: tag bits and CQ-data word.
+fn soft_envelope(m: &Mtl, comm: *mut sys::ompi_communicator_t, tag: c_int, sync: bool) -> (u64, u64) {
+    let me = comm_rank(comm);
+    let proto = if sync { Proto::Sync } else { Proto::Plain };
+    (m.layout.send_tag(comm_cid(comm), me, tag, proto), m.layout.cq_data(me, 0))
 }
 
 fn isend_impl(
@@ -959,6 +1011,32 @@ fn isend_impl(
         Err(e) => return e,
     };
     let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
+    if let Some(sm) = m.soft.as_deref() {
+        if data.owned {
+            // SAFETY: r is live; it owns the pack buffer until its last completion.
+            unsafe {
+                (*r).buffer = data.ptr as *mut u8;
+                (*r).owns_buffer = true;
+            }
+        }
+        let (bits, cqd) = soft_envelope(m, comm, tag, sync);
+        let rc = super::softmatch::send(m, sm, r, addr, data.ptr, data.len, bits, cqd, sync);
+        if rc == super::softmatch::SENT_INLINE || rc != sys::OMPI_SUCCESS {
+            // Nothing in flight: the buffer goes back to `data`, which frees it.
+            // SAFETY: r is live.
+            unsafe { (*r).owns_buffer = false };
+            if rc == super::softmatch::SENT_INLINE {
+                // SAFETY: r is the PML's live request.
+                unsafe { Request::complete_to_pml(r) };
+                return sys::OMPI_SUCCESS;
+            }
+            return rc;
+        }
+        if data.owned {
+            std::mem::forget(data);
+        }
+        return rc;
+    }
     if !sync && data.len <= m.inject_size {
         let rc = inject(m, addr, &data, comm, tag);
         if rc == sys::OMPI_SUCCESS {
@@ -1024,6 +1102,9 @@ fn irecv_impl(
         (*r).owns_buffer = owned;
     }
     let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+    if let Some(sm) = m.soft.as_deref() {
+        return super::softmatch::irecv(m, sm, r, bits, ignore);
+    }
     // SAFETY: r is live.
     let ctx = unsafe { (*r).ctx_ptr() };
     let ret = if m.overflow.is_null() {
@@ -1152,7 +1233,15 @@ fn iprobe_impl(
     let Some(m) = mtl() else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
-    match peek(m, comm, src, tag) {
+    let found = match m.soft.as_deref() {
+        Some(sm) => {
+            progress_mtl(m);
+            let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+            Ok(super::softmatch::probe(sm, bits, ignore))
+        }
+        None => peek(m, comm, src, tag),
+    };
+    match found {
         Ok(Some((bits, data, len))) => {
             // SAFETY: flag is valid.
             unsafe { *flag = 1 };
@@ -1169,8 +1258,11 @@ fn iprobe_impl(
 }
 
 /// A message matched by mprobe: received in full into our buffer, waiting for mrecv.
-struct Claimed {
-    req: Box<Request>,
+enum Claimed {
+    /// Received by the fabric into our buffer.
+    Fabric(Box<Request>),
+    /// Taken off the software-matching unexpected list.
+    Soft(super::softmatch::Unexpected),
 }
 
 fn improbe_impl(
@@ -1184,6 +1276,17 @@ fn improbe_impl(
     let Some(m) = mtl() else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
+    if let Some(sm) = m.soft.as_deref() {
+        progress_mtl(m);
+        let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+        let Some(u) = super::softmatch::claim(m, sm, comm, bits, ignore) else {
+            // SAFETY: flag is a valid out pointer.
+            unsafe { *flag = 0 };
+            return sys::OMPI_SUCCESS;
+        };
+        let (b, d, len) = (u.hdr.bits, u.hdr.data, u.hdr.len as usize);
+        return publish_message(m, comm, Claimed::Soft(u), b, d, len, flag, message, status);
+    }
     let found = match peek(m, comm, src, tag) {
         Ok(f) => f,
         Err(e) => return e,
@@ -1249,22 +1352,37 @@ fn improbe_impl(
         return req.status.error;
     }
     let (mbits, mdata, mlen) = (req.matched_tag, req.matched_data, req.status.count);
+    publish_message(m, comm, Claimed::Fabric(req), mbits, mdata, mlen, flag, message, status)
+}
+
+/// Hand a claimed message to Open MPI as an `MPI_Message`.
+#[allow(clippy::too_many_arguments)]
+fn publish_message(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    claimed: Claimed,
+    bits: u64,
+    data: u64,
+    len: usize,
+    flag: *mut c_int,
+    message: *mut *mut sys::ompi_message_t,
+    status: *mut sys::ompi_status_public_t,
+) -> c_int {
     // SAFETY: glue allocation from Open MPI's free list.
     let msg = unsafe { glue::ompi_ofi_glue_message_alloc() };
     if msg.is_null() {
         return sys::OMPI_ERR_OUT_OF_RESOURCE;
     }
-    let claimed = Box::new(Claimed { req });
     // SAFETY: msg is a fresh message; flag/message/status valid.
     unsafe {
         (*msg).comm = comm;
-        (*msg).req_ptr = Box::into_raw(claimed) as *mut c_void;
-        (*msg).peer = m.layout.source(mbits, mdata);
-        (*msg).count = mlen;
+        (*msg).req_ptr = Box::into_raw(Box::new(claimed)) as *mut c_void;
+        (*msg).peer = m.layout.source(bits, data);
+        (*msg).count = len;
         *message = msg;
         *flag = 1;
     }
-    fill_status(status, &m.layout, mbits, mdata, mlen);
+    fill_status(status, &m.layout, bits, data, len);
     sys::OMPI_SUCCESS
 }
 
@@ -1283,7 +1401,29 @@ fn imrecv_impl(
     let r = req as *mut Request;
     // SAFETY: PML request memory.
     unsafe { Request::init(r, Kind::Recv, (*msg).comm) };
-    let c = &claimed.req;
+    let c = match *claimed {
+        Claimed::Fabric(c) => c,
+        Claimed::Soft(u) => {
+            // SAFETY: the message handle is ours to return; then null it.
+            unsafe {
+                glue::ompi_ofi_glue_message_return(msg);
+                *message = ptr::addr_of_mut!(sys::ompi_message_null.message);
+            }
+            let (buf, len, owned) = match recv_buffer(conv) {
+                Ok(v) => v,
+                Err(e) => return e,
+            };
+            // SAFETY: r is live.
+            unsafe {
+                (*r).convertor = conv;
+                (*r).buffer = buf;
+                (*r).length = len;
+                (*r).owns_buffer = owned;
+            }
+            super::softmatch::take(m, r, u);
+            return sys::OMPI_SUCCESS;
+        }
+    };
     let ConvInfo { size, contig } = convertor_info(conv);
     let len = c.status.count;
     let n = len.min(size);
@@ -1311,7 +1451,7 @@ fn imrecv_impl(
         // SAFETY: allocated in improbe.
         unsafe { libc::free(c.buffer as *mut c_void) };
     }
-    drop(claimed);
+    drop(c);
     // SAFETY: the message handle is ours to return (as ob1 does); then null it.
     unsafe {
         glue::ompi_ofi_glue_message_return(msg);
@@ -1340,6 +1480,21 @@ fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
     }
     // Drain completions first: the receive may already have matched.
     progress_mtl(m);
+    if let Some(sm) = m.soft.as_deref() {
+        if super::softmatch::cancel(sm, r) {
+            // SAFETY: r is live and no longer posted anywhere.
+            unsafe {
+                (*r).status.cancelled = true;
+                (*r).status.error = sys::MPI_SUCCESS as c_int;
+                if (*r).owns_buffer {
+                    libc::free((*r).buffer as *mut c_void);
+                    (*r).owns_buffer = false;
+                }
+                Request::complete_to_pml(r);
+            }
+        }
+        return sys::OMPI_SUCCESS;
+    }
     // SAFETY: r is live.
     let ctx = unsafe { (*r).ctx_ptr() };
     let ret = {

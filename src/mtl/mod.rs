@@ -5,6 +5,7 @@
 pub mod component;
 pub mod datapath;
 pub mod setup;
+pub mod softmatch;
 pub mod tag;
 
 pub use setup::init_module;

@@ -158,10 +158,40 @@ pub fn init_module(
         threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
     })
     .map_err(|e| e.to_string())?;
+    // A provider whose tag matching cannot be trusted gets software matching, over
+    // untagged messages and RMA reads: select it again with those capabilities.
+    let quirks = crate::common::quirks::of(domain.info().provider_name());
+    let domain = if quirks.unexpected_ignores_mask {
+        let name = domain.info().provider_name().to_string();
+        drop(domain);
+        let hints = make_hints(false)
+            .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?
+            .caps(
+                fi::FI_TAGGED as u64
+                    | fi::FI_MSG as u64
+                    | fi::FI_RMA as u64
+                    | fi::FI_READ as u64
+                    | fi::FI_REMOTE_READ as u64
+                    | locality,
+            )
+            .prov_name(&name);
+        log::info!("provider {name}: matching in software (its unexpected-message matching ignores tag masks)");
+        common::open_domain(DomainRequest {
+            component: "mtl",
+            hints,
+            threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+        })
+        .map_err(|e| format!("{name} with software matching: {e}"))?
+    } else {
+        domain
+    };
+    let soft = quirks.unexpected_ignores_mask;
     let info = domain.info();
     let cq_data = info.cq_data_size();
     let directed = info.caps() & fi::FI_DIRECTED_RECV != 0;
     let mode = match requested {
+        // Software matching matches the tag bits only: the source must be in them.
+        None | Some(TagMode::Full) if soft => TagMode::Tag1,
         None if cq_data >= 8 && directed => TagMode::Full,
         None => TagMode::Tag1,
         Some(TagMode::Full) if cq_data < 8 || !directed => {
@@ -178,7 +208,7 @@ pub fn init_module(
         }
         Some(m) => m,
     };
-    if cq_data < 4 {
+    if cq_data < 4 && !soft {
         return Err(format!(
             "provider {} offers no remote CQ data, which synchronous sends need to identify their acknowledgement",
             info.provider_name()
@@ -237,7 +267,14 @@ pub fn init_module(
         overflow_len,
         sync_ids: AtomicU32::new(0),
         counters: Default::default(),
+        soft: None,
     });
+    let mut state = state;
+    if soft {
+        let mut sm = Box::new(super::softmatch::SoftMatch::new(dom.clone()));
+        sm.post_bounces(&state).map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
+        state.soft = Some(sm);
+    }
     *lock(&RESOURCES) = Some(Resources {
         _ep: ep,
         _cq: cq,
@@ -427,21 +464,30 @@ extern "C" fn mtl_finalize(_m: *mut sys::mca_mtl_base_module_t) -> c_int {
 /// Tear everything down (idempotent): progress, state, peers, then the objects.
 pub fn finalize() {
     let p = datapath::MTL.swap(ptr::null_mut(), Ordering::AcqRel);
-    if !p.is_null() {
+    let m = if p.is_null() {
+        None
+    } else {
         // SAFETY: unregistering the callback we registered.
         unsafe { sys::opal_progress_unregister(Some(datapath::progress_cb)) };
         // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
-        let m = unsafe { Box::from_raw(p) };
+        Some(unsafe { Box::from_raw(p) })
+    };
+    // Close the endpoint first: only then can nothing write into the memory that
+    // receives were posted with (bounce buffers, the overflow area).
+    if let Some(mut res) = lock(&RESOURCES).take() {
+        release_peers(&mut res, None);
+        drop(res);
+    }
+    if let Some(mut m) = m {
         overflow_unmap(&m);
+        if let Some(sm) = m.soft.as_mut() {
+            sm.free_bounces();
+        }
         let c = &m.counters;
         log::debug!(
             "finalize: {} completion errors, {} EAGAIN retries",
             c.cq_errors.load(Ordering::Relaxed),
             c.eagain.load(Ordering::Relaxed)
         );
-    }
-    if let Some(mut res) = lock(&RESOURCES).take() {
-        release_peers(&mut res, None);
-        drop(res);
     }
 }

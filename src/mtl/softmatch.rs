@@ -1,0 +1,468 @@
+//! Software matching: the MTL's own matching of MPI envelopes, over untagged messages,
+//! for providers whose tag matching cannot be trusted (`common::quirks`:
+//! `unexpected_ignores_mask`, shm in libfabric 1.17, where a wildcard receive misses
+//! every message that arrived before it).
+//!
+//! Protocol (all untagged `FI_MSG`, every message starts with a [`Hdr`]):
+//! - `EAGER`: envelope + payload, for messages up to [`EAGER_MAX`];
+//! - `RTS`: envelope + the sender's buffer address and memory key; the receiver reads
+//!   the data with `fi_read` straight into the user's buffer, then answers `FIN`;
+//! - `FIN`: the read is done (the sender's request completes; it also acknowledges a
+//!   synchronous send, since the receive was matched);
+//! - `ACK`: a synchronous eager send was matched.
+//! The receiver keeps `BOUNCE_COUNT` receive buffers posted, a list of posted MPI
+//! receives and a list of unexpected messages, both in arrival order, under one lock.
+//! `FIN` and `ACK` carry the sender's request pointer as a token.
+//!
+//! What it owns: the bounce buffers and both lists. Delivery to a request happens after
+//! the lock is released.
+
+use super::datapath::{self, Kind, Mtl, Request, FI_ADDR_UNSPEC};
+use super::tag::{Proto, TagLayout};
+use crate::fabric::{Domain, MemoryRegion};
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::collections::VecDeque;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub const BOUNCE_SIZE: usize = 16384;
+pub const BOUNCE_COUNT: usize = 64;
+pub const HDR_LEN: usize = std::mem::size_of::<Hdr>();
+pub const EAGER_MAX: usize = BOUNCE_SIZE - HDR_LEN;
+
+const EAGER: u32 = 1;
+const RTS: u32 = 2;
+const FIN: u32 = 3;
+const ACK: u32 = 4;
+
+/// The header of every message.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Hdr {
+    pub kind: u32,
+    pub _pad: u32,
+    /// The envelope, in the MTL's tag layout.
+    pub bits: u64,
+    /// The CQ-data word of the layout (the source in the full layout).
+    pub data: u64,
+    /// Payload length (EAGER) or message length (RTS).
+    pub len: u64,
+    /// RTS: the sender's buffer and key.
+    pub addr: u64,
+    pub key: u64,
+    /// RTS/EAGER: the sender's request (for FIN/ACK); FIN/ACK: that request.
+    pub token: u64,
+}
+
+/// An envelope decoded from a header, as the matching sees it.
+fn matches(bits: u64, ignore: u64, msg: u64) -> bool {
+    (bits | ignore) == (msg | ignore)
+}
+
+struct Posted {
+    req: *mut Request,
+    bits: u64,
+    ignore: u64,
+}
+
+/// A message that arrived before its receive.
+pub struct Unexpected {
+    pub hdr: Hdr,
+    pub payload: Vec<u8>,
+}
+
+struct Lists {
+    posted: VecDeque<Posted>,
+    unexpected: VecDeque<Unexpected>,
+}
+
+/// The software-matching state of the MTL.
+pub struct SoftMatch {
+    lists: Mutex<Lists>,
+    bounces: Vec<*mut Request>,
+    domain: Arc<Domain>,
+    next_key: AtomicU64,
+}
+
+// SAFETY: the raw pointers are our own heap requests, touched under `lists` or by the
+// progress path that owns their completion.
+unsafe impl Send for SoftMatch {}
+// SAFETY: as above.
+unsafe impl Sync for SoftMatch {}
+
+fn lock(l: &Mutex<Lists>) -> std::sync::MutexGuard<'_, Lists> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SoftMatch {
+    pub fn new(domain: Arc<Domain>) -> SoftMatch {
+        SoftMatch {
+            lists: Mutex::new(Lists { posted: VecDeque::new(), unexpected: VecDeque::new() }),
+            bounces: Vec::new(),
+            domain,
+            next_key: AtomicU64::new(1),
+        }
+    }
+
+    /// Allocate and post the bounce buffers (after the endpoint is enabled).
+    pub fn post_bounces(&mut self, m: &Mtl) -> Result<(), c_int> {
+        for _ in 0..BOUNCE_COUNT {
+            let mut r = Box::new(Request::internal(Kind::Bounce, ptr::null_mut()));
+            // SAFETY: plain allocation, checked.
+            let buf = unsafe { libc::malloc(BOUNCE_SIZE) } as *mut u8;
+            if buf.is_null() {
+                return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+            }
+            r.buffer = buf;
+            r.length = BOUNCE_SIZE;
+            r.owns_buffer = true;
+            let p = Box::into_raw(r);
+            self.bounces.push(p);
+            repost(m, p)?;
+        }
+        Ok(())
+    }
+
+    /// Free the bounce buffers (the endpoint is closed: nothing is posted any more).
+    pub fn free_bounces(&mut self) {
+        for p in self.bounces.drain(..) {
+            // SAFETY: our leaked Box, not referenced by the fabric any more.
+            unsafe {
+                libc::free((*p).buffer as *mut c_void);
+                drop(Box::from_raw(p));
+            }
+        }
+    }
+}
+
+fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
+    // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
+    let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
+    let ret = datapath::retry(m, || {
+        // SAFETY: see above.
+        unsafe { fi::fi_recv(m.ep, buf as *mut c_void, len, ptr::null_mut(), FI_ADDR_UNSPEC, ctx) }
+    });
+    if ret < 0 {
+        log::error!("reposting a receive buffer failed: {}", crate::fabric::Error::from_ret(ret));
+        return Err(datapath::fi_to_ompi(ret));
+    }
+    Ok(())
+}
+
+/// Send a control message (FIN or ACK) with `token` to `addr`.
+fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
+    let h = Hdr { kind, token, ..Default::default() };
+    let ret = datapath::retry(m, || {
+        // SAFETY: inject copies the header before returning.
+        unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+    });
+    if ret < 0 {
+        log::error!("sending a protocol message failed: {}", crate::fabric::Error::from_ret(ret));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sending
+
+/// [`send`] returned this: the message went out with inject, the request is done.
+pub const SENT_INLINE: c_int = 1;
+
+/// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
+/// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
+#[allow(clippy::too_many_arguments)]
+pub fn send(
+    m: &Mtl,
+    sm: &SoftMatch,
+    r: *mut Request,
+    addr: u64,
+    ptr_: *const u8,
+    len: usize,
+    bits: u64,
+    data: u64,
+    sync: bool,
+) -> c_int {
+    // SAFETY: r is live (the PML's request or the caller's stack request).
+    let rq = unsafe { &mut *r };
+    rq.sm_addr = addr;
+    if len <= EAGER_MAX {
+        rq.sm_hdr = Hdr { kind: EAGER, bits, data, len: len as u64, token: r as u64, ..Default::default() };
+        rq.pending.store(if sync { 2 } else { 1 }, Ordering::Release);
+        let total = HDR_LEN + len;
+        if total <= m.inject_size && !sync {
+            let mut tmp = [0u8; 4096];
+            if total <= tmp.len() {
+                // SAFETY: both sources hold the bytes copied.
+                unsafe {
+                    ptr::copy_nonoverlapping(&rq.sm_hdr as *const Hdr as *const u8, tmp.as_mut_ptr(), HDR_LEN);
+                    if len > 0 {
+                        ptr::copy_nonoverlapping(ptr_, tmp.as_mut_ptr().add(HDR_LEN), len);
+                    }
+                }
+                let ret = datapath::retry(m, || {
+                    // SAFETY: inject copies before returning.
+                    unsafe { fi::fi_inject(m.ep, tmp.as_ptr() as *const c_void, total, addr) }
+                });
+                if ret < 0 {
+                    return datapath::fi_to_ompi(ret);
+                }
+                rq.pending.store(0, Ordering::Release);
+                return SENT_INLINE;
+            }
+        }
+        let iov = [
+            fi::iovec { iov_base: &mut rq.sm_hdr as *mut Hdr as *mut c_void, iov_len: HDR_LEN },
+            fi::iovec { iov_base: ptr_ as *mut c_void, iov_len: len },
+        ];
+        let ctx = rq.ctx_ptr();
+        let n = if len == 0 { 1 } else { 2 };
+        let ret = datapath::retry(m, || {
+            // SAFETY: the header lives in the request and the data in the caller's
+            // buffer until the send completes.
+            unsafe { fi::fi_sendv(m.ep, iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
+        });
+        return if ret < 0 { datapath::fi_to_ompi(ret) } else { sys::OMPI_SUCCESS };
+    }
+    // Rendezvous: expose the buffer, send the RTS, wait for FIN.
+    let key = sm.next_key.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the buffer stays valid until FIN, when the registration is dropped.
+    let mr = unsafe {
+        MemoryRegion::register(&sm.domain, ptr_ as *const c_void, len, fi::FI_REMOTE_READ as u64, 0, key, 0)
+    };
+    let mr = match mr {
+        Ok(mr) => mr,
+        Err(e) => {
+            log::error!("registering a {len}-byte send buffer failed: {e}");
+            return e.to_opal();
+        }
+    };
+    let rkey = mr.key().unwrap_or(key);
+    rq.sm_mr = Box::into_raw(Box::new(mr)) as *mut c_void;
+    rq.sm_hdr = Hdr {
+        kind: RTS,
+        bits,
+        data,
+        len: len as u64,
+        addr: ptr_ as u64,
+        key: rkey,
+        token: r as u64,
+        ..Default::default()
+    };
+    rq.pending.store(1, Ordering::Release);
+    let h = rq.sm_hdr;
+    let ret = datapath::retry(m, || {
+        // SAFETY: inject copies the header.
+        unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+    });
+    if ret < 0 {
+        drop_mr(rq);
+        return datapath::fi_to_ompi(ret);
+    }
+    sys::OMPI_SUCCESS
+}
+
+fn drop_mr(rq: &mut Request) {
+    if !rq.sm_mr.is_null() {
+        // SAFETY: the Box leaked in send().
+        unsafe { drop(Box::from_raw(rq.sm_mr as *mut MemoryRegion)) };
+        rq.sm_mr = ptr::null_mut();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Receiving
+
+/// Where a matched message goes.
+enum Delivery {
+    Eager(Vec<u8>),
+    Rts,
+}
+
+/// Hand a matched message to receive `r` (lock not held).
+fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&[u8]>) {
+    let l = &m.layout;
+    // SAFETY: r is a live receive we matched.
+    let rq = unsafe { &mut *r };
+    let source = l.source(hdr.bits, hdr.data);
+    let addr = datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
+    match what {
+        Delivery::Eager(owned) => {
+            let bytes = payload.unwrap_or(&owned);
+            let n = bytes.len().min(rq.length);
+            if n > 0 {
+                // SAFETY: rq.buffer holds rq.length bytes.
+                unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), rq.buffer, n) };
+            }
+            if l.proto(hdr.bits) == Proto::Sync {
+                control(m, addr, ACK, hdr.token);
+            }
+            // SAFETY: r is live.
+            unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, bytes.len(), 0, sys::MPI_SUCCESS as c_int) };
+        }
+        Delivery::Rts => {
+            let n = (hdr.len as usize).min(rq.length);
+            rq.sm_hdr = hdr;
+            rq.sm_addr = addr;
+            if n == 0 {
+                control(m, addr, FIN, hdr.token);
+                // SAFETY: r is live.
+                unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, hdr.len as usize, 0, sys::MPI_SUCCESS as c_int) };
+                return;
+            }
+            rq.kind = Kind::SmRead;
+            let (buf, ctx) = (rq.buffer, rq.ctx_ptr());
+            let ret = datapath::retry(m, || {
+                // SAFETY: buf holds n bytes until the read completes.
+                unsafe { fi::fi_read(m.ep, buf as *mut c_void, n, ptr::null_mut(), addr, hdr.addr, hdr.key, ctx) }
+            });
+            if ret < 0 {
+                log::error!("reading a {n}-byte message failed: {}", crate::fabric::Error::from_ret(ret));
+                rq.kind = Kind::Recv;
+                control(m, addr, FIN, hdr.token);
+                // SAFETY: r is live.
+                unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int) };
+            }
+        }
+    }
+}
+
+/// A read into receive `r` finished: tell the sender, complete the receive.
+///
+/// # Safety
+/// `r` must be a live receive in `SmRead` state.
+pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
+    // SAFETY: forwarded.
+    let rq = unsafe { &mut *r };
+    rq.kind = Kind::Recv;
+    let hdr = rq.sm_hdr;
+    control(m, rq.sm_addr, FIN, hdr.token);
+    // SAFETY: r is live.
+    unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, hdr.len as usize, 0, sys::MPI_SUCCESS as c_int) };
+}
+
+/// A bounce buffer received a message of `len` bytes.
+///
+/// # Safety
+/// `b` must be one of the bounce requests.
+pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) {
+    // SAFETY: forwarded; the buffer holds len received bytes.
+    let bytes = unsafe { std::slice::from_raw_parts((*b).buffer, len) };
+    if len < HDR_LEN {
+        log::error!("dropping a {len}-byte message without a header");
+        let _ = repost(m, b);
+        return;
+    }
+    let mut hdr = Hdr::default();
+    // SAFETY: at least HDR_LEN bytes; Hdr is plain data.
+    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), &mut hdr as *mut Hdr as *mut u8, HDR_LEN) };
+    let payload = &bytes[HDR_LEN..];
+    match hdr.kind {
+        FIN | ACK => {
+            let _ = repost(m, b);
+            let r = hdr.token as *mut Request;
+            // SAFETY: the token is the pointer of our own send request, alive until
+            // this last completion.
+            unsafe {
+                if hdr.kind == FIN {
+                    drop_mr(&mut *r);
+                }
+                datapath::finish_part(r);
+            }
+        }
+        EAGER | RTS => {
+            let payload_len = (hdr.len as usize).min(payload.len());
+            let matched = {
+                let mut lists = lock(&sm.lists);
+                match lists.posted.iter().position(|p| matches(p.bits, p.ignore, hdr.bits)) {
+                    Some(i) => lists.posted.remove(i).map(|p| p.req),
+                    None => {
+                        lists.unexpected.push_back(Unexpected { hdr, payload: payload[..payload_len].to_vec() });
+                        None
+                    }
+                }
+            };
+            if let Some(r) = matched {
+                let what = if hdr.kind == EAGER { Delivery::Eager(Vec::new()) } else { Delivery::Rts };
+                deliver(m, r, hdr, what, Some(&payload[..payload_len]));
+            }
+            let _ = repost(m, b);
+        }
+        k => {
+            log::error!("dropping a message of unknown kind {k}");
+            let _ = repost(m, b);
+        }
+    }
+}
+
+/// Post receive `r` (buffer, length and convertor already set).
+pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -> c_int {
+    let found = {
+        let mut lists = lock(&sm.lists);
+        match lists.unexpected.iter().position(|u| matches(bits, ignore, u.hdr.bits)) {
+            Some(i) => lists.unexpected.remove(i),
+            None => {
+                lists.posted.push_back(Posted { req: r, bits, ignore });
+                None
+            }
+        }
+    };
+    if let Some(u) = found {
+        take(m, r, u);
+    }
+    sys::OMPI_SUCCESS
+}
+
+/// Deliver an unexpected message to `r`.
+pub fn take(m: &Mtl, r: *mut Request, u: Unexpected) {
+    let what = if u.hdr.kind == EAGER { Delivery::Eager(u.payload) } else { Delivery::Rts };
+    deliver(m, r, u.hdr, what, None);
+}
+
+/// The first unexpected message matching (`bits`, `ignore`): its envelope and length.
+pub fn probe(sm: &SoftMatch, bits: u64, ignore: u64) -> Option<(u64, u64, usize)> {
+    let lists = lock(&sm.lists);
+    lists
+        .unexpected
+        .iter()
+        .find(|u| matches(bits, ignore, u.hdr.bits))
+        .map(|u| (u.hdr.bits, u.hdr.data, u.hdr.len as usize))
+}
+
+/// Remove the first unexpected message matching (`bits`, `ignore`) (mprobe). A
+/// synchronous eager message is acknowledged now: it is matched.
+pub fn claim(m: &Mtl, sm: &SoftMatch, comm: *mut sys::ompi_communicator_t, bits: u64, ignore: u64) -> Option<Unexpected> {
+    let u = {
+        let mut lists = lock(&sm.lists);
+        let i = lists.unexpected.iter().position(|u| matches(bits, ignore, u.hdr.bits))?;
+        lists.unexpected.remove(i)?
+    };
+    if u.hdr.kind == EAGER && m.layout.proto(u.hdr.bits) == Proto::Sync {
+        let source = m.layout.source(u.hdr.bits, u.hdr.data);
+        if let Ok(addr) = datapath::peer_addr(comm, source) {
+            control(m, addr, ACK, u.hdr.token);
+        }
+        let mut u = u;
+        // Acknowledged: deliver it as a plain message later.
+        u.hdr.bits &= !sync_bit(&m.layout);
+        return Some(u);
+    }
+    Some(u)
+}
+
+fn sync_bit(l: &TagLayout) -> u64 {
+    l.send_tag(0, 0, 0, Proto::Sync) ^ l.send_tag(0, 0, 0, Proto::Plain)
+}
+
+/// Cancel receive `r` if it is still waiting for a message.
+pub fn cancel(sm: &SoftMatch, r: *mut Request) -> bool {
+    let mut lists = lock(&sm.lists);
+    match lists.posted.iter().position(|p| p.req == r) {
+        Some(i) => {
+            lists.posted.remove(i);
+            true
+        }
+        None => false,
+    }
+}
