@@ -11,6 +11,8 @@ uint32_t ompi_ofi_btl_glue_job_size(void)
 {
     int rc;
     uint32_t size = 0, *ptr = &size;
-    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &OPAL_PROC_MY_NAME, &ptr, OPAL_UINT32);
+    opal_process_name_t job = OPAL_PROC_MY_NAME;
+    job.vpid = OPAL_VPID_WILDCARD;
+    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &job, &ptr, OPAL_UINT32);
     return OPAL_SUCCESS == rc ? size : 0;
 }
