@@ -94,6 +94,8 @@ pub struct State {
     pub in_progress: AtomicBool,
     pub closing: AtomicBool,
     pub cq_errors: AtomicU64,
+    /// Operations posted: put, get, atomic_op, atomic_fop, atomic_cswap.
+    pub ops: [AtomicU64; 5],
     pub next_key: AtomicU64,
     /// Dropped last: the shared domain (and, for the last user, the memory monitor).
     pub domain: Option<DomainHandle>,
@@ -404,6 +406,11 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
             capable |= sys::MCA_BTL_FLAGS_ATOMIC_OPS | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
         }
     }
+    // Open MPI 4.1's flag enumerator loses "atomics" when it round-trips the default
+    // ("fetching-atomics" contains it): fetching atomics imply the plain ones.
+    if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_FOPS != 0 {
+        sup.btl_flags |= sys::MCA_BTL_FLAGS_ATOMIC_OPS;
+    }
     sup.btl_flags &= capable;
     sup.btl_atomic_flags = if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_OPS != 0 { atomic_flags } else { 0 };
     if sup.btl_flags & sys::MCA_BTL_FLAGS_SEND == 0 {
@@ -489,6 +496,7 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
             in_progress: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             cq_errors: AtomicU64::new(0),
+            ops: Default::default(),
             next_key: AtomicU64::new(1),
             domain: Some(domain),
         },
@@ -742,8 +750,15 @@ unsafe fn destroy(mp: *mut Module) {
     }
     let stats = lock(&st.rcache).stats();
     log::info!("registration cache: {stats}");
-    log::debug!(
-        "finalize: {} completion errors, {} sends and {} RDMA operations outstanding",
+    let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    log::info!(
+        "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
+         {} sends and {} RDMA operations outstanding",
+        ops[0],
+        ops[1],
+        ops[2],
+        ops[3],
+        ops[4],
         st.cq_errors.load(Ordering::Relaxed),
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)

@@ -195,6 +195,7 @@ struct Req {
 /// retrying once after progress on -FI_EAGAIN (then OUT_OF_RESOURCE: the caller retries).
 fn run(
     r: Req,
+    kind: usize,
     local_len: usize,
     operand: u64,
     compare: u64,
@@ -242,6 +243,7 @@ fn run(
     }
     match res {
         Ok(()) => {
+            st.ops[kind].fetch_add(1, Ordering::Relaxed);
             st.maybe_progress(r.mp);
             sys::OPAL_SUCCESS
         }
@@ -293,7 +295,7 @@ pub extern "C" fn btl_put(
 ) -> c_int {
     ffi_guard("btl put", sys::OPAL_ERROR, || {
         let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
-        run(r, size, 0, 0, |st, op, desc, dest, raddr, key| {
+        run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: the local buffer and the remote region stay valid until the
             // completion (the BTL contract); op lives until then.
             st.fi(|| unsafe { st.ep.write(local_address, size, desc, dest, raddr, key, ctx_of(op)) })
@@ -317,7 +319,7 @@ pub extern "C" fn btl_get(
 ) -> c_int {
     ffi_guard("btl get", sys::OPAL_ERROR, || {
         let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
-        run(r, size, 0, 0, |st, op, desc, dest, raddr, key| {
+        run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: as in put.
             st.fi(|| unsafe { st.ep.read(local_address, size, desc, dest, raddr, key, ctx_of(op)) })
         })
@@ -370,7 +372,7 @@ pub extern "C" fn btl_atomic_op(
             cbcontext,
             cbdata,
         };
-        run(r, 0, operand, 0, |st, o, _desc, dest, raddr, key| {
+        run(r, 2, 0, operand, 0, |st, o, _desc, dest, raddr, key| {
             // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
             // are the 32-bit value) until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
@@ -403,7 +405,7 @@ pub extern "C" fn btl_atomic_fop(
             return sys::OPAL_ERR_NOT_AVAILABLE;
         };
         let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
-        run(r, width, operand, 0, |st, o, desc, dest, raddr, key| {
+        run(r, 3, width, operand, 0, |st, o, desc, dest, raddr, key| {
             // SAFETY: operand in the op, result in the caller's registered buffer; both
             // live until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
@@ -440,7 +442,7 @@ pub extern "C" fn btl_atomic_cswap(
             return sys::OPAL_ERR_NOT_AVAILABLE;
         }
         let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
-        run(r, width, value, compare, |st, o, desc, dest, raddr, key| {
+        run(r, 4, width, value, compare, |st, o, desc, dest, raddr, key| {
             // SAFETY: value and compare live in the op, the result in the caller's
             // registered buffer, until the completion.
             let (buf, cmp) = unsafe { (&raw const (*o).operand as *const c_void, &raw const (*o).compare as *const c_void) };
