@@ -164,7 +164,9 @@ pub extern "C" fn btl_register_mem(
     ffi_guard("btl register_mem", ptr::null_mut(), || {
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
-        register(st, base, size).map_or(ptr::null_mut(), |r| r as *mut sys::mca_btl_base_registration_handle_t)
+        let r = register(st, base, size).map_or(ptr::null_mut(), |r| r as *mut sys::mca_btl_base_registration_handle_t);
+        publish_stats(st);
+        r
     })
 }
 
@@ -174,8 +176,18 @@ pub extern "C" fn btl_deregister_mem(btl: *mut sys::mca_btl_base_module_t, h: *m
             // SAFETY: btl is our module; h came from our register_mem.
             unsafe { deregister(&(*(btl as *mut Module)).st, h as *mut Registration) };
         }
+        // SAFETY: btl is our module.
+        publish_stats(unsafe { &(*(btl as *mut Module)).st });
         sys::OPAL_SUCCESS
     })
+}
+
+/// Publish the cache counters in `btl_ofi_rcache_stats` (read-only, for MPI_T readers).
+fn publish_stats(st: &State) {
+    let stats = lock(&st.rcache).stats();
+    if let Some(p) = lock(&super::component::PARAMS).as_ref() {
+        p.set_status(crate::ompi::params::btl::RCACHE_STATS, &stats.to_string());
+    }
 }
 
 /// Everything an RDMA entry point receives, bundled.
