@@ -42,7 +42,10 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn new(kind: Kind) -> Ctx {
-        Ctx { fi: fi::fi_context2::default(), kind }
+        Ctx {
+            fi: fi::fi_context2::default(),
+            kind,
+        }
     }
 }
 
@@ -116,7 +119,13 @@ fn get_frag(st: &State) -> Option<*mut Frag> {
 ///
 /// # Safety
 /// `f` is a fragment of ours not in use.
-unsafe fn prime(f: *mut Frag, ep: *mut sys::mca_btl_base_endpoint_t, order: u8, flags: u32, len: usize) {
+unsafe fn prime(
+    f: *mut Frag,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    order: u8,
+    flags: u32,
+    len: usize,
+) {
     // SAFETY: caller's contract.
     unsafe {
         let fr = &mut *f;
@@ -194,7 +203,12 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
         } else {
             None
         };
-        let rb = Box::into_raw(Box::new(RecvBuf { ctx: Ctx::new(Kind::Recv), buf, cap, mr }));
+        let rb = Box::into_raw(Box::new(RecvBuf {
+            ctx: Ctx::new(Kind::Recv),
+            buf,
+            cap,
+            mr,
+        }));
         lock(&st.recv_bufs).push(rb);
         // SAFETY: rb is live until finalize.
         unsafe { repost(st, rb) }?;
@@ -233,28 +247,50 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
 /// `ctx` is the Ctx of one of our receive buffers.
 pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
     let rb = ctx as *mut RecvBuf; // Ctx is RecvBuf's first field
-    // SAFETY: mp is the live module.
+                                  // SAFETY: mp is the live module.
     let st = unsafe { &(*mp).st };
     if err != 0 {
         if st.closing.load(Ordering::Relaxed) || err == fi::FI_ECANCELED as i32 {
             return;
         }
-        log::warn!("a receive completed with an error on {}: {}", st.provider, Error(err));
+        log::warn!(
+            "a receive completed with an error on {}: {}",
+            st.provider,
+            Error(err)
+        );
     } else if len >= HDR {
         // SAFETY: rb is live and holds len received bytes.
         let (tag, payload) = unsafe { (*(*rb).buf, (*rb).buf.add(HDR)) };
         // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic.
-        let trig = unsafe { *(&raw const sys::mca_btl_base_active_message_trigger as *const sys::mca_btl_active_message_callback_t).add(tag as usize) };
+        let trig = unsafe {
+            *(&raw const sys::mca_btl_base_active_message_trigger
+                as *const sys::mca_btl_active_message_callback_t)
+                .add(tag as usize)
+        };
         if let Some(cb) = trig.cbfunc {
-            let mut seg = sys::mca_btl_base_segment_t { seg_addr: sys::opal_ptr_t { pval: payload as *mut c_void }, seg_len: (len - HDR) as u64 };
+            let mut seg = sys::mca_btl_base_segment_t {
+                seg_addr: sys::opal_ptr_t {
+                    pval: payload as *mut c_void,
+                },
+                seg_len: (len - HDR) as u64,
+            };
             // SAFETY: zeroed is a valid descriptor; it only lives for the callback.
             let mut des: sys::mca_btl_base_descriptor_t = unsafe { std::mem::zeroed() };
             des.des_segments = &mut seg;
             des.des_segment_count = 1;
             // SAFETY: the callback may use the payload until it returns; we repost after.
-            unsafe { cb(mp as *mut sys::mca_btl_base_module_t, tag, &mut des, trig.cbdata) };
+            unsafe {
+                cb(
+                    mp as *mut sys::mca_btl_base_module_t,
+                    tag,
+                    &mut des,
+                    trig.cbdata,
+                )
+            };
         } else {
-            log::warn!("dropping a fragment with active-message tag {tag}, which nobody registered");
+            log::warn!(
+                "dropping a fragment with active-message tag {tag}, which nobody registered"
+            );
         }
     }
     if st.closing.load(Ordering::Relaxed) {
@@ -293,8 +329,14 @@ pub unsafe fn send_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
     // SAFETY: ctx lies offset_of!(Frag, ctx) bytes into its fragment.
     let f = unsafe { (ctx as *mut u8).sub(offset_of!(Frag, ctx)) as *mut Frag };
     // SAFETY: mp is live.
-    unsafe { &(*mp).st }.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-    let status = if err == 0 { sys::OPAL_SUCCESS } else { Error(err).to_opal() };
+    unsafe { &(*mp).st }
+        .send_outstanding
+        .fetch_sub(1, Ordering::AcqRel);
+    let status = if err == 0 {
+        sys::OPAL_SUCCESS
+    } else {
+        Error(err).to_opal()
+    };
     // SAFETY: the send is done.
     unsafe { finish_send(mp, f, status, true) };
 }
@@ -324,7 +366,7 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
 }
 
 /// Post queued sends in order until the provider pushes back again.
-pub fn drain_pending(mp: *mut Module) {
+pub(crate) fn drain_pending(mp: *mut Module) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     loop {
@@ -398,22 +440,36 @@ unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
 ///
 /// # Safety
 /// `dst` has room for `size` bytes; `conv` is a prepared convertor.
-unsafe fn pack(conv: *mut sys::opal_convertor_t, dst: *mut u8, size: usize) -> Result<usize, c_int> {
+unsafe fn pack(
+    conv: *mut sys::opal_convertor_t,
+    dst: *mut u8,
+    size: usize,
+) -> Result<usize, c_int> {
     if size == 0 {
         return Ok(0);
     }
-    let mut iov = libc::iovec { iov_base: dst as *mut c_void, iov_len: size };
+    let mut iov = libc::iovec {
+        iov_base: dst as *mut c_void,
+        iov_len: size,
+    };
     let mut count: u32 = 1;
     let mut max = size;
     // SAFETY: iov describes size writable bytes.
-    let rc = unsafe { sys::opal_convertor_pack(conv, &mut iov as *mut _ as *mut sys::iovec, &mut count, &mut max) };
+    let rc = unsafe {
+        sys::opal_convertor_pack(
+            conv,
+            &mut iov as *mut _ as *mut sys::iovec,
+            &mut count,
+            &mut max,
+        )
+    };
     if rc < 0 {
         return Err(sys::OPAL_ERROR);
     }
     Ok(max)
 }
 
-pub extern "C" fn btl_alloc(
+pub(crate) extern "C" fn btl_alloc(
     btl: *mut sys::mca_btl_base_module_t,
     ep: *mut sys::mca_btl_base_endpoint_t,
     order: u8,
@@ -426,7 +482,9 @@ pub extern "C" fn btl_alloc(
         if size > st.frag_payload {
             return ptr::null_mut();
         }
-        let Some(f) = get_frag(st) else { return ptr::null_mut() };
+        let Some(f) = get_frag(st) else {
+            return ptr::null_mut();
+        };
         // SAFETY: f is a free fragment.
         unsafe {
             prime(f, ep, order, flags, size);
@@ -435,7 +493,10 @@ pub extern "C" fn btl_alloc(
     })
 }
 
-pub extern "C" fn btl_free(btl: *mut sys::mca_btl_base_module_t, des: *mut sys::mca_btl_base_descriptor_t) -> c_int {
+pub(crate) extern "C" fn btl_free(
+    btl: *mut sys::mca_btl_base_module_t,
+    des: *mut sys::mca_btl_base_descriptor_t,
+) -> c_int {
     crate::ompi::component::ffi_guard("btl free", sys::OPAL_ERROR, || {
         // SAFETY: btl is our module; des is one of our fragments (its first field).
         put_frag(unsafe { &(*module_of(btl)).st }, des as *mut Frag);
@@ -443,7 +504,7 @@ pub extern "C" fn btl_free(btl: *mut sys::mca_btl_base_module_t, des: *mut sys::
     })
 }
 
-pub extern "C" fn btl_prepare_src(
+pub(crate) extern "C" fn btl_prepare_src(
     btl: *mut sys::mca_btl_base_module_t,
     ep: *mut sys::mca_btl_base_endpoint_t,
     conv: *mut sys::opal_convertor_t,
@@ -460,7 +521,9 @@ pub extern "C" fn btl_prepare_src(
         }
         // SAFETY: size is a valid in/out pointer.
         let want = unsafe { *size }.min(st.frag_payload - reserve);
-        let Some(f) = get_frag(st) else { return ptr::null_mut() };
+        let Some(f) = get_frag(st) else {
+            return ptr::null_mut();
+        };
         // SAFETY: f is free; its payload has room for reserve + want bytes.
         let packed = match unsafe { pack(conv, (*f).buf.add(HDR + reserve), want) } {
             Ok(n) => n,
@@ -478,7 +541,7 @@ pub extern "C" fn btl_prepare_src(
     })
 }
 
-pub extern "C" fn btl_send(
+pub(crate) extern "C" fn btl_send(
     btl: *mut sys::mca_btl_base_module_t,
     _ep: *mut sys::mca_btl_base_endpoint_t,
     des: *mut sys::mca_btl_base_descriptor_t,
@@ -494,7 +557,7 @@ pub extern "C" fn btl_send(
     })
 }
 
-pub extern "C" fn btl_sendi(
+pub(crate) extern "C" fn btl_sendi(
     btl: *mut sys::mca_btl_base_module_t,
     ep: *mut sys::mca_btl_base_endpoint_t,
     conv: *mut sys::opal_convertor_t,
@@ -526,11 +589,19 @@ pub extern "C" fn btl_sendi(
         // header_size bytes.
         unsafe {
             ptr::copy_nonoverlapping(header as *const u8, (*f).buf.add(HDR), header_size);
-            if payload_size > 0 && pack(conv, (*f).buf.add(HDR + header_size), payload_size).is_err() {
+            if payload_size > 0
+                && pack(conv, (*f).buf.add(HDR + header_size), payload_size).is_err()
+            {
                 put_frag(st, f);
                 return sys::OPAL_ERROR;
             }
-            prime(f, ep, order, flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP, total);
+            prime(
+                f,
+                ep,
+                order,
+                flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
+                total,
+            );
             *(*f).buf = tag;
         }
         // SAFETY: f is primed with its header.

@@ -13,7 +13,10 @@ pub mod rdma;
 use ompi_sys as sys;
 
 /// Build the BTL modules, or say why not.
-pub fn init_modules(progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
+pub fn init_modules(
+    progress_threads: bool,
+    mpi_threads: bool,
+) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
     module::init(progress_threads, mpi_threads)
 }
 

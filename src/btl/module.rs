@@ -17,7 +17,9 @@ use super::am::{self, Frag, RecvBuf, HDR};
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
 use crate::common::{self, release, DomainHandle, DomainRequest};
-use crate::fabric::{AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints, MemoryRegion};
+use crate::fabric::{
+    AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints, MemoryRegion,
+};
 use crate::ompi::component::ffi_guard;
 use crate::ompi::modex;
 use crate::ompi::params::btl as idx;
@@ -114,10 +116,20 @@ impl State {
     ///
     /// # Safety
     /// The memory must stay mapped while the region lives (see `MemoryRegion::register`).
-    pub unsafe fn register(&self, base: *const c_void, len: usize) -> crate::fabric::Result<MemoryRegion> {
-        let key = if self.prov_key { 0 } else { self.next_key.fetch_add(1, Ordering::Relaxed) };
+    pub unsafe fn register(
+        &self,
+        base: *const c_void,
+        len: usize,
+    ) -> crate::fabric::Result<MemoryRegion> {
+        let key = if self.prov_key {
+            0
+        } else {
+            self.next_key.fetch_add(1, Ordering::Relaxed)
+        };
         // SAFETY: forwarded contract.
-        let mr = unsafe { MemoryRegion::register(self.ep.domain(), base, len, self.mr_access, 0, key, 0) }?;
+        let mr = unsafe {
+            MemoryRegion::register(self.ep.domain(), base, len, self.mr_access, 0, key, 0)
+        }?;
         if self.mr_endpoint {
             mr.bind_ep(&self.ep, 0)?;
             mr.enable()?;
@@ -135,7 +147,8 @@ impl State {
     /// Progress from the send path when too much is outstanding.
     #[inline]
     pub fn maybe_progress(&self, module: *mut Module) {
-        let n = self.rdma_outstanding.load(Ordering::Relaxed) + self.send_outstanding.load(Ordering::Relaxed);
+        let n = self.rdma_outstanding.load(Ordering::Relaxed)
+            + self.send_outstanding.load(Ordering::Relaxed);
         if n > self.progress_threshold {
             progress_module(module);
         }
@@ -190,7 +203,8 @@ pub fn register_base_params() {
     let mut t = TEMPLATE.load(Ordering::Acquire);
     if t.is_null() {
         // SAFETY: a zeroed module is a valid value (integers, nullable pointers, None).
-        t = unsafe { libc::calloc(1, std::mem::size_of::<sys::mca_btl_base_module_t>()) } as *mut sys::mca_btl_base_module_t;
+        t = unsafe { libc::calloc(1, std::mem::size_of::<sys::mca_btl_base_module_t>()) }
+            as *mut sys::mca_btl_base_module_t;
         if t.is_null() {
             return;
         }
@@ -228,11 +242,16 @@ fn component() -> &'static sys::mca_base_component_t {
 }
 
 fn param(i: usize) -> i64 {
-    lock(&super::component::PARAMS).as_ref().map(|p| p.int(i)).unwrap_or(0)
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.int(i))
+        .unwrap_or(0)
 }
 
 fn param_str(i: usize) -> Option<String> {
-    lock(&super::component::PARAMS).as_ref().and_then(|p| p.string(i))
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .and_then(|p| p.string(i))
 }
 
 fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
@@ -240,11 +259,17 @@ fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
         "unspec" | "" => Ok(fi::FI_PROGRESS_UNSPEC),
         "auto" => Ok(fi::FI_PROGRESS_AUTO),
         "manual" => Ok(fi::FI_PROGRESS_MANUAL),
-        other => Err(format!("btl_ofi_progress_mode={other}: expected unspec, auto or manual")),
+        other => Err(format!(
+            "btl_ofi_progress_mode={other}: expected unspec, auto or manual"
+        )),
     }
 }
 
-const MR_MODES: u32 = fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY | fi::FI_MR_LOCAL | fi::FI_MR_ENDPOINT;
+const MR_MODES: u32 = fi::FI_MR_VIRT_ADDR
+    | fi::FI_MR_ALLOCATED
+    | fi::FI_MR_PROV_KEY
+    | fi::FI_MR_LOCAL
+    | fi::FI_MR_ENDPOINT;
 
 /// The atomics the provider supports, as `btl_atomic_flags`, from `fi_query_atomic`.
 fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
@@ -253,7 +278,7 @@ fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
         // SAFETY: the domain is open; attr is a valid out parameter.
         unsafe { fi::fi_query_atomic(domain, dt, op, &mut attr, flags) == 0 }
     };
-    let fetch = fi::FI_FETCH_ATOMIC as u64;
+    let fetch = fi::FI_FETCH_ATOMIC;
     let mut flags = 0u32;
     let mut all32 = true;
     for (btl, op) in rdma::ATOMIC_OPS {
@@ -262,7 +287,7 @@ fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
             all32 &= ok(fi::FI_INT32, op, 0) && ok(fi::FI_INT32, op, fetch);
         }
     }
-    let compare = fi::FI_COMPARE_ATOMIC as u64;
+    let compare = fi::FI_COMPARE_ATOMIC;
     if ok(fi::FI_INT64, fi::FI_CSWAP, compare) {
         flags |= sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP;
         all32 &= ok(fi::FI_INT32, fi::FI_CSWAP, compare);
@@ -274,8 +299,14 @@ fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
 }
 
 /// Build the module, or say why not.
-pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
-    let bad = lock(&super::component::PARAMS).as_ref().map(|p| p.rejected.clone()).unwrap_or_default();
+pub fn init(
+    _progress_threads: bool,
+    mpi_threads: bool,
+) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
+    let bad = lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.rejected.clone())
+        .unwrap_or_default();
     if !bad.is_empty() {
         return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
     }
@@ -288,11 +319,17 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
         0 => (true, false),
         1 => (false, true),
         2 => (true, true),
-        m => return Err(format!("btl_ofi_mode={m}: expected 0 (one-sided), 1 (two-sided) or 2 (both)")),
+        m => {
+            return Err(format!(
+                "btl_ofi_mode={m}: expected 0 (one-sided), 1 (two-sided) or 2 (both)"
+            ))
+        }
     };
     let num_cq_read = param(idx::NUM_CQ_READ);
     if num_cq_read < 1 {
-        return Err(format!("btl_ofi_num_cq_read={num_cq_read}: must be at least 1"));
+        return Err(format!(
+            "btl_ofi_num_cq_read={num_cq_read}: must be at least 1"
+        ));
     }
     let rd_num = param(idx::RD_NUM);
     if two_sided && rd_num < 1 {
@@ -308,25 +345,42 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
 
     // SAFETY: opal_process_info and the modex are set up before BTL init.
-    let (local_peers, world) = unsafe { (sys::opal_process_info.num_local_peers, ompi_ofi_btl_glue_job_size()) };
+    let (local_peers, world) = unsafe {
+        (
+            sys::opal_process_info.num_local_peers,
+            ompi_ofi_btl_glue_job_size(),
+        )
+    };
     let all_local = world > 0 && local_peers as u64 + 1 >= world as u64;
     // shm lists neither locality capability: ask for none when every peer is local.
-    let locality = if all_local { 0 } else { (fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM) as u64 };
-    let threading = if mpi_threads { fi::FI_THREAD_SAFE } else { fi::FI_THREAD_DOMAIN };
+    let locality = if all_local {
+        0
+    } else {
+        fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM
+    };
+    let threading = if mpi_threads {
+        fi::FI_THREAD_SAFE
+    } else {
+        fi::FI_THREAD_DOMAIN
+    };
     let make_hints = |atomics: bool, delivery: bool| -> crate::fabric::Result<Hints> {
         let mut caps = locality;
         if two_sided {
             caps |= (fi::FI_MSG | fi::FI_SEND | fi::FI_RECV) as u64;
         }
         if one_sided {
-            caps |= (fi::FI_RMA | fi::FI_READ | fi::FI_WRITE | fi::FI_REMOTE_READ | fi::FI_REMOTE_WRITE) as u64;
+            caps |= (fi::FI_RMA
+                | fi::FI_READ
+                | fi::FI_WRITE
+                | fi::FI_REMOTE_READ
+                | fi::FI_REMOTE_WRITE) as u64;
             if atomics {
                 caps |= fi::FI_ATOMIC as u64;
             }
         }
         let mut h = Hints::new()?
             .caps(caps)
-            .mode((fi::FI_CONTEXT | fi::FI_CONTEXT2) as u64)
+            .mode(fi::FI_CONTEXT | fi::FI_CONTEXT2)
             .ep_type(fi::FI_EP_RDM)
             .mr_mode(MR_MODES)
             .threading(threading)
@@ -348,7 +402,8 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     let mut failures = Vec::new();
     let mut opened = None;
     for &(atomics, delivery) in attempts {
-        let hints = make_hints(atomics, delivery).map_err(|e| format!("cannot allocate fi_info hints: {e}"))?;
+        let hints = make_hints(atomics, delivery)
+            .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?;
         match common::open_domain(DomainRequest {
             component: "btl",
             hints,
@@ -371,11 +426,26 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = domain.domain().clone();
     let cq = CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
-    let av = AddressVector::open(&dom, &AvAttr { av_type: fi::FI_AV_TABLE, count: world.max(1) as usize })
-        .or_else(|_| AddressVector::open(&dom, &AvAttr { av_type: fi::FI_AV_UNSPEC, count: world.max(1) as usize }))
-        .map_err(|x| e("fi_av_open", x))?;
+    let av = AddressVector::open(
+        &dom,
+        &AvAttr {
+            av_type: fi::FI_AV_TABLE,
+            count: world.max(1) as usize,
+        },
+    )
+    .or_else(|_| {
+        AddressVector::open(
+            &dom,
+            &AvAttr {
+                av_type: fi::FI_AV_UNSPEC,
+                count: world.max(1) as usize,
+            },
+        )
+    })
+    .map_err(|x| e("fi_av_open", x))?;
     let ep = Endpoint::open(&dom, Some(info)).map_err(|x| e("fi_endpoint", x))?;
-    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64).map_err(|x| e("fi_ep_bind(cq)", x))?;
+    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
+        .map_err(|x| e("fi_ep_bind(cq)", x))?;
     ep.bind_av(&av).map_err(|x| e("fi_ep_bind(av)", x))?;
     ep.enable().map_err(|x| e("fi_enable", x))?;
     let ep = Arc::new(ep);
@@ -383,7 +453,11 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     modex::send(component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
-    let atomic_flags = if atomics { query_atomics(dom.as_ptr()) } else { 0 };
+    let atomic_flags = if atomics {
+        query_atomics(dom.as_ptr())
+    } else {
+        0
+    };
     let inject_size = info.inject_size();
     let max_msg = info.max_msg_size();
     let caps = info.caps();
@@ -393,7 +467,9 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     let mut sup = unsafe { *template };
     fill_table(&mut sup);
     sup.btl_component = super::component::mca_btl_ofi_component.get();
-    sup.btl_max_send_size = sup.btl_max_send_size.clamp(1, max_msg.saturating_sub(HDR).max(1));
+    sup.btl_max_send_size = sup
+        .btl_max_send_size
+        .clamp(1, max_msg.saturating_sub(HDR).max(1));
     sup.btl_eager_limit = sup.btl_eager_limit.clamp(1, sup.btl_max_send_size);
     sup.btl_rndv_eager_limit = sup.btl_rndv_eager_limit.min(sup.btl_eager_limit);
     let mut capable = sys::MCA_BTL_FLAGS_SEND_INPLACE;
@@ -412,7 +488,11 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
         sup.btl_flags |= sys::MCA_BTL_FLAGS_ATOMIC_OPS;
     }
     sup.btl_flags &= capable;
-    sup.btl_atomic_flags = if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_OPS != 0 { atomic_flags } else { 0 };
+    sup.btl_atomic_flags = if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_OPS != 0 {
+        atomic_flags
+    } else {
+        0
+    };
     if sup.btl_flags & sys::MCA_BTL_FLAGS_SEND == 0 {
         sup.btl_alloc = None;
         sup.btl_free = None;
@@ -433,8 +513,16 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
         sup.btl_atomic_fop = None;
         sup.btl_atomic_cswap = None;
     }
-    sup.btl_get_limit = if sup.btl_get_limit == 0 { max_msg } else { sup.btl_get_limit.min(max_msg) };
-    sup.btl_put_limit = if sup.btl_put_limit == 0 { max_msg } else { sup.btl_put_limit.min(max_msg) };
+    sup.btl_get_limit = if sup.btl_get_limit == 0 {
+        max_msg
+    } else {
+        sup.btl_get_limit.min(max_msg)
+    };
+    sup.btl_put_limit = if sup.btl_put_limit == 0 {
+        max_msg
+    } else {
+        sup.btl_put_limit.min(max_msg)
+    };
     let mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
     let threshold = if mr_local { 0 } else { usize::MAX };
     sup.btl_get_local_registration_threshold = threshold;
@@ -447,17 +535,28 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     if caps & (fi::FI_RMA | fi::FI_ATOMIC) as u64 != 0 {
         access |= (fi::FI_READ | fi::FI_WRITE | fi::FI_REMOTE_READ | fi::FI_REMOTE_WRITE) as u64;
     }
-    let release_events = common::monitor::Monitor::outcome().and_then(|o| o.ok()).is_some_and(|o| o.release_events);
+    let release_events = common::monitor::Monitor::outcome()
+        .and_then(|o| o.ok())
+        .is_some_and(|o| o.release_events);
     let max_entries = param(idx::RCACHE_MAX_ENTRIES).max(0) as usize;
-    let max_bytes = lock(&super::component::PARAMS).as_ref().map(|p| p.size(idx::RCACHE_MAX_BYTES)).unwrap_or(0);
+    let max_bytes = lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.size(idx::RCACHE_MAX_BYTES))
+        .unwrap_or(0);
     if !release_events && max_entries > 0 {
-        log::info!("memory release events do not reach this library: the registration cache is disabled");
+        log::info!(
+            "memory release events do not reach this library: the registration cache is disabled"
+        );
     }
     let cache = Cache::new(max_entries, max_bytes, release_events);
     let rcache_sub = if cache.enabled() {
         match release::subscribe(rcache::release_cb, Arc::as_ptr(cache.slots()) as usize) {
             Ok(id) => Some(id),
-            Err(e) => return Err(format!("cannot subscribe the registration cache to memory releases: {e}")),
+            Err(e) => {
+                return Err(format!(
+                    "cannot subscribe the registration cache to memory releases: {e}"
+                ))
+            }
         }
     } else {
         None
@@ -470,7 +569,10 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
             ep,
             cq,
             av,
-            fi_lock: FiLock { enabled: mpi_threads && domain.threading() != fi::FI_THREAD_SAFE, m: Mutex::new(()) },
+            fi_lock: FiLock {
+                enabled: mpi_threads && domain.threading() != fi::FI_THREAD_SAFE,
+                m: Mutex::new(()),
+            },
             provider: provider.clone(),
             two_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
             one_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA != 0,
@@ -512,7 +614,8 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
     }
     MODULE.store(mp, Ordering::Release);
     // SAFETY: Open MPI frees the module array with free().
-    let arr = unsafe { libc::malloc(std::mem::size_of::<*mut sys::mca_btl_base_module_t>()) } as *mut *mut sys::mca_btl_base_module_t;
+    let arr = unsafe { libc::malloc(std::mem::size_of::<*mut sys::mca_btl_base_module_t>()) }
+        as *mut *mut sys::mca_btl_base_module_t;
     if arr.is_null() {
         finalize();
         return Err("out of memory".into());
@@ -541,7 +644,7 @@ pub fn init(_progress_threads: bool, mpi_threads: bool) -> Result<(*mut *mut sys
 }
 
 /// Read and dispatch completions of the module. Returns how many were handled.
-pub fn progress_module(mp: *mut Module) -> usize {
+pub(crate) fn progress_module(mp: *mut Module) -> usize {
     // SAFETY: mp is the live module (MODULE or the argument of a module entry).
     let st = unsafe { &(*mp).st };
     if st.in_progress.swap(true, Ordering::Acquire) {
@@ -573,8 +676,13 @@ pub fn progress_module(mp: *mut Module) -> usize {
                 match entry {
                     Ok(Some(ce)) => {
                         st.cq_errors.fetch_add(1, Ordering::Relaxed);
-                        if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32 {
-                            log::debug!("completion error on {}: {}", st.provider, st.cq.strerror(&ce));
+                        if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32
+                        {
+                            log::debug!(
+                                "completion error on {}: {}",
+                                st.provider,
+                                st.cq.strerror(&ce)
+                            );
                         }
                         // SAFETY: as above.
                         unsafe { dispatch(mp, ce.op_context, ce.len, ce.err) };
@@ -647,7 +755,12 @@ extern "C" fn add_procs(
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
         // SAFETY: Open MPI passes nprocs procs and nprocs endpoint slots.
-        let (procs, eps) = unsafe { (std::slice::from_raw_parts(procs, nprocs), std::slice::from_raw_parts_mut(endpoints, nprocs)) };
+        let (procs, eps) = unsafe {
+            (
+                std::slice::from_raw_parts(procs, nprocs),
+                std::slice::from_raw_parts_mut(endpoints, nprocs),
+            )
+        };
         let mut peers = lock(&st.peers);
         for (i, &p) in procs.iter().enumerate() {
             // SAFETY: each peer pointer in our list is live until del_procs.
@@ -667,7 +780,10 @@ extern "C" fn add_procs(
                         continue;
                     }
                 };
-                let pe = Box::into_raw(Box::new(PeerEp { addr: fiaddr, proc_: p }));
+                let pe = Box::into_raw(Box::new(PeerEp {
+                    addr: fiaddr,
+                    proc_: p,
+                }));
                 peers.push(pe);
                 eps[i] = pe as *mut _;
             }
@@ -691,10 +807,18 @@ extern "C" fn del_procs(
             return sys::OPAL_SUCCESS;
         }
         // SAFETY: btl is our module; endpoints holds nprocs entries.
-        let (st, eps) = unsafe { (&(*(btl as *mut Module)).st, std::slice::from_raw_parts(endpoints, nprocs)) };
+        let (st, eps) = unsafe {
+            (
+                &(*(btl as *mut Module)).st,
+                std::slice::from_raw_parts(endpoints, nprocs),
+            )
+        };
         let mut peers = lock(&st.peers);
         for &e in eps {
-            if let Some(pos) = peers.iter().position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e) {
+            if let Some(pos) = peers
+                .iter()
+                .position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e)
+            {
                 let p = peers.swap_remove(pos);
                 // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
                 drop(unsafe { Box::from_raw(p) });
@@ -704,7 +828,10 @@ extern "C" fn del_procs(
     })
 }
 
-extern "C" fn register_error(btl: *mut sys::mca_btl_base_module_t, cb: sys::mca_btl_base_module_error_cb_fn_t) -> c_int {
+extern "C" fn register_error(
+    btl: *mut sys::mca_btl_base_module_t,
+    cb: sys::mca_btl_base_module_error_cb_fn_t,
+) -> c_int {
     ffi_guard("btl register_error", sys::OPAL_ERROR, || {
         // SAFETY: btl is our module.
         *lock(unsafe { &(*(btl as *mut Module)).st.error_cb }) = cb;
@@ -713,7 +840,10 @@ extern "C" fn register_error(btl: *mut sys::mca_btl_base_module_t, cb: sys::mca_
 }
 
 /// Wait until every RDMA and atomic operation posted so far has completed.
-extern "C" fn flush(btl: *mut sys::mca_btl_base_module_t, _ep: *mut sys::mca_btl_base_endpoint_t) -> c_int {
+extern "C" fn flush(
+    btl: *mut sys::mca_btl_base_module_t,
+    _ep: *mut sys::mca_btl_base_endpoint_t,
+) -> c_int {
     ffi_guard("btl flush", sys::OPAL_ERROR, || {
         let mp = btl as *mut Module;
         // SAFETY: btl is our module.
@@ -769,7 +899,9 @@ unsafe fn destroy(mp: *mut Module) {
     let pending = std::mem::take(&mut *lock(&st.pending));
     let peers = std::mem::take(&mut *lock(&st.peers));
     lock(&st.rcache).clear();
-    let State { ep, cq, av, domain, .. } = module.st;
+    let State {
+        ep, cq, av, domain, ..
+    } = module.st;
     drop(ep);
     drop(cq);
     drop(av);

@@ -77,10 +77,16 @@ impl Slots {
             if slot.word.load(Ordering::Relaxed) != w {
                 continue;
             }
-            if b < end && addr < e
+            if b < end
+                && addr < e
                 && slot
                     .word
-                    .compare_exchange(w, (w & !STATE) | INVALID, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(
+                        w,
+                        (w & !STATE) | INVALID,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
                 self.invalidations.fetch_add(1, Ordering::Relaxed);
@@ -116,7 +122,7 @@ impl Slots {
 
 /// The subscriber handed to `common::release::subscribe`; `ctx` is `Arc::as_ptr` of
 /// the [`Slots`], kept alive until after `unsubscribe` returned.
-pub extern "C" fn release_cb(addr: usize, len: usize, ctx: usize) {
+pub(crate) extern "C" fn release_cb(addr: usize, len: usize, ctx: usize) {
     // SAFETY: ctx is the pointer of a live Arc<Slots> (see above); invalidate only
     // touches atomics.
     let slots = unsafe { &*(ctx as *const Slots) };
@@ -220,7 +226,11 @@ impl<R> Cache<R> {
         let end = base.saturating_add(len.max(1));
         let hit = self.entries.iter().enumerate().find_map(|(i, e)| {
             let e = e.as_ref()?;
-            (e.base <= base && end <= e.end && e.access & access == access && self.slots.is_valid(i)).then_some(i)
+            (e.base <= base
+                && end <= e.end
+                && e.access & access == access
+                && self.slots.is_valid(i))
+            .then_some(i)
         });
         if let Some(i) = hit {
             self.stats.hits += 1;
@@ -242,7 +252,14 @@ impl<R> Cache<R> {
         let reg = register(pbase, plen)?;
         let i = self.make_room(plen as u64).expect("room was made above");
         self.slots.publish(i, pbase, pend);
-        self.entries[i] = Some(Entry { base: pbase, end: pend, access, refs: 1, last_use: self.tick, reg });
+        self.entries[i] = Some(Entry {
+            base: pbase,
+            end: pend,
+            access,
+            refs: 1,
+            last_use: self.tick,
+            reg,
+        });
         self.stats.live_entries += 1;
         self.stats.live_bytes += plen as u64;
         let e = self.entries[i].as_ref().expect("just inserted");
@@ -309,7 +326,10 @@ impl<R> Cache<R> {
     }
 
     pub fn stats(&self) -> Stats {
-        Stats { invalidations: self.slots.invalidations(), ..self.stats }
+        Stats {
+            invalidations: self.slots.invalidations(),
+            ..self.stats
+        }
     }
 
     /// Remove everything (at finalize); entries still in use are dropped too.
@@ -323,14 +343,22 @@ impl<R> Cache<R> {
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 && (p as usize).is_power_of_two() { p as usize } else { 4096 }
+    if p > 0 && (p as usize).is_power_of_two() {
+        p as usize
+    } else {
+        4096
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reg(c: &mut Cache<(usize, usize)>, base: usize, len: usize) -> (Option<usize>, (usize, usize)) {
+    fn reg(
+        c: &mut Cache<(usize, usize)>,
+        base: usize,
+        len: usize,
+    ) -> (Option<usize>, (usize, usize)) {
         match c.acquire(base, len, 1, |b, l| Ok::<_, ()>((b, l))).unwrap() {
             Acquired::Cached(i, r) => (Some(i), *r),
             Acquired::Uncached(r) => (None, r),

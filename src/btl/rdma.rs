@@ -102,10 +102,24 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         // SAFETY: a registration we made for this operation.
         unsafe { deregister(st, op.temp) };
     }
-    let status = if err == 0 { sys::OPAL_SUCCESS } else { Error(err).to_opal() };
+    let status = if err == 0 {
+        sys::OPAL_SUCCESS
+    } else {
+        Error(err).to_opal()
+    };
     if let Some(cb) = op.cbfunc {
         // SAFETY: the caller's callback with its own arguments.
-        unsafe { cb(mp as *mut _, op.endpoint, op.local_address, op.local_handle, op.cbcontext, op.cbdata, status) };
+        unsafe {
+            cb(
+                mp as *mut _,
+                op.endpoint,
+                op.local_address,
+                op.local_handle,
+                op.cbcontext,
+                op.cbdata,
+                status,
+            )
+        };
     }
     st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
@@ -121,19 +135,28 @@ fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registrati
     });
     let reg = match res {
         Ok(Acquired::Cached(i, mr)) => Registration {
-            handle: Handle { key: mr.key().unwrap_or(0), base: if virt { 0 } else { mr.addr() as u64 } },
+            handle: Handle {
+                key: mr.key().unwrap_or(0),
+                base: if virt { 0 } else { mr.addr() as u64 },
+            },
             desc: mr.desc(),
             ticket: Ticket::Cached(i),
             own: None,
         },
         Ok(Acquired::Uncached(mr)) => Registration {
-            handle: Handle { key: mr.key().unwrap_or(0), base: if virt { 0 } else { mr.addr() as u64 } },
+            handle: Handle {
+                key: mr.key().unwrap_or(0),
+                base: if virt { 0 } else { mr.addr() as u64 },
+            },
             desc: mr.desc(),
             ticket: Ticket::Uncached,
             own: Some(mr),
         },
         Err(e) => {
-            log::warn!("fi_mr_reg of {len} bytes at {base:p} on {}: {e}", st.provider);
+            log::warn!(
+                "fi_mr_reg of {len} bytes at {base:p} on {}: {e}",
+                st.provider
+            );
             return None;
         }
     };
@@ -154,7 +177,7 @@ unsafe fn deregister(st: &State, r: *mut Registration) {
     drop(reg);
 }
 
-pub extern "C" fn btl_register_mem(
+pub(crate) extern "C" fn btl_register_mem(
     btl: *mut sys::mca_btl_base_module_t,
     _ep: *mut sys::mca_btl_base_endpoint_t,
     base: *mut c_void,
@@ -164,13 +187,18 @@ pub extern "C" fn btl_register_mem(
     ffi_guard("btl register_mem", ptr::null_mut(), || {
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
-        let r = register(st, base, size).map_or(ptr::null_mut(), |r| r as *mut sys::mca_btl_base_registration_handle_t);
+        let r = register(st, base, size).map_or(ptr::null_mut(), |r| {
+            r as *mut sys::mca_btl_base_registration_handle_t
+        });
         publish_stats(st);
         r
     })
 }
 
-pub extern "C" fn btl_deregister_mem(btl: *mut sys::mca_btl_base_module_t, h: *mut sys::mca_btl_base_registration_handle_t) -> c_int {
+pub(crate) extern "C" fn btl_deregister_mem(
+    btl: *mut sys::mca_btl_base_module_t,
+    h: *mut sys::mca_btl_base_registration_handle_t,
+) -> c_int {
     ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
         if !h.is_null() {
             // SAFETY: btl is our module; h came from our register_mem.
@@ -220,7 +248,12 @@ fn run(
     }
     // SAFETY: the endpoint came from add_procs; the remote handle holds a Handle
     // (copied from the peer's registration).
-    let (dest, rh) = unsafe { ((*(r.endpoint as *mut PeerEp)).addr, ptr::read_unaligned(r.remote_handle as *const Handle)) };
+    let (dest, rh) = unsafe {
+        (
+            (*(r.endpoint as *mut PeerEp)).addr,
+            ptr::read_unaligned(r.remote_handle as *const Handle),
+        )
+    };
     let raddr = r.remote_address.wrapping_sub(rh.base);
     let mut temp = ptr::null_mut();
     // SAFETY: local_handle is null or ours.
@@ -291,7 +324,7 @@ fn posted(ret: isize) -> Result<(), Error> {
     }
 }
 
-pub extern "C" fn btl_put(
+pub(crate) extern "C" fn btl_put(
     btl: *mut sys::mca_btl_base_module_t,
     endpoint: *mut sys::mca_btl_base_endpoint_t,
     local_address: *mut c_void,
@@ -306,16 +339,29 @@ pub extern "C" fn btl_put(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl put", sys::OPAL_ERROR, || {
-        let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
         run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: the local buffer and the remote region stay valid until the
             // completion (the BTL contract); op lives until then.
-            st.fi(|| unsafe { st.ep.write(local_address, size, desc, dest, raddr, key, ctx_of(op)) })
+            st.fi(|| unsafe {
+                st.ep
+                    .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
+            })
         })
     })
 }
 
-pub extern "C" fn btl_get(
+pub(crate) extern "C" fn btl_get(
     btl: *mut sys::mca_btl_base_module_t,
     endpoint: *mut sys::mca_btl_base_endpoint_t,
     local_address: *mut c_void,
@@ -330,10 +376,23 @@ pub extern "C" fn btl_get(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl get", sys::OPAL_ERROR, || {
-        let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
         run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: as in put.
-            st.fi(|| unsafe { st.ep.read(local_address, size, desc, dest, raddr, key, ctx_of(op)) })
+            st.fi(|| unsafe {
+                st.ep
+                    .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
+            })
         })
     })
 }
@@ -342,7 +401,11 @@ fn datatype(flags: c_int) -> Result<(fi::fi_datatype, usize), c_int> {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
         return Err(sys::OPAL_ERR_NOT_AVAILABLE);
     }
-    Ok(if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 { (fi::FI_INT32, 4) } else { (fi::FI_INT64, 8) })
+    Ok(if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
+        (fi::FI_INT32, 4)
+    } else {
+        (fi::FI_INT64, 8)
+    })
 }
 
 fn supported(btl: *mut sys::mca_btl_base_module_t, bit: u32, width: usize) -> bool {
@@ -351,7 +414,7 @@ fn supported(btl: *mut sys::mca_btl_base_module_t, bit: u32, width: usize) -> bo
     f & bit != 0 && (width == 8 || f & sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT != 0)
 }
 
-pub extern "C" fn btl_atomic_op(
+pub(crate) extern "C" fn btl_atomic_op(
     btl: *mut sys::mca_btl_base_module_t,
     endpoint: *mut sys::mca_btl_base_endpoint_t,
     remote_address: u64,
@@ -388,12 +451,27 @@ pub extern "C" fn btl_atomic_op(
             // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
             // are the 32-bit value) until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
-            st.fi(|| posted(unsafe { fi::fi_atomic(st.ep.as_ptr(), buf, 1, ptr::null_mut(), dest, raddr, key, dt, fop, ctx_of(o)) }))
+            st.fi(|| {
+                posted(unsafe {
+                    fi::fi_atomic(
+                        st.ep.as_ptr(),
+                        buf,
+                        1,
+                        ptr::null_mut(),
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx_of(o),
+                    )
+                })
+            })
         })
     })
 }
 
-pub extern "C" fn btl_atomic_fop(
+pub(crate) extern "C" fn btl_atomic_fop(
     btl: *mut sys::mca_btl_base_module_t,
     endpoint: *mut sys::mca_btl_base_endpoint_t,
     local_address: *mut c_void,
@@ -416,21 +494,44 @@ pub extern "C" fn btl_atomic_fop(
         let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
             return sys::OPAL_ERR_NOT_AVAILABLE;
         };
-        let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
         run(r, 3, width, operand, 0, |st, o, desc, dest, raddr, key| {
             // SAFETY: operand in the op, result in the caller's registered buffer; both
             // live until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
             st.fi(|| {
                 posted(unsafe {
-                    fi::fi_fetch_atomic(st.ep.as_ptr(), buf, 1, ptr::null_mut(), local_address, desc, dest, raddr, key, dt, fop, ctx_of(o))
+                    fi::fi_fetch_atomic(
+                        st.ep.as_ptr(),
+                        buf,
+                        1,
+                        ptr::null_mut(),
+                        local_address,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx_of(o),
+                    )
                 })
             })
         })
     })
 }
 
-pub extern "C" fn btl_atomic_cswap(
+pub(crate) extern "C" fn btl_atomic_cswap(
     btl: *mut sys::mca_btl_base_module_t,
     endpoint: *mut sys::mca_btl_base_endpoint_t,
     local_address: *mut c_void,
@@ -453,31 +554,53 @@ pub extern "C" fn btl_atomic_cswap(
         if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
             return sys::OPAL_ERR_NOT_AVAILABLE;
         }
-        let r = Req { mp: btl as *mut Module, endpoint, local_address, local_handle, remote_address, remote_handle, cbfunc, cbcontext, cbdata };
-        run(r, 4, width, value, compare, |st, o, desc, dest, raddr, key| {
-            // SAFETY: value and compare live in the op, the result in the caller's
-            // registered buffer, until the completion.
-            let (buf, cmp) = unsafe { (&raw const (*o).operand as *const c_void, &raw const (*o).compare as *const c_void) };
-            st.fi(|| {
-                posted(unsafe {
-                    fi::fi_compare_atomic(
-                        st.ep.as_ptr(),
-                        buf,
-                        1,
-                        ptr::null_mut(),
-                        cmp,
-                        ptr::null_mut(),
-                        local_address,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        dt,
-                        fi::FI_CSWAP,
-                        ctx_of(o),
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(
+            r,
+            4,
+            width,
+            value,
+            compare,
+            |st, o, desc, dest, raddr, key| {
+                // SAFETY: value and compare live in the op, the result in the caller's
+                // registered buffer, until the completion.
+                let (buf, cmp) = unsafe {
+                    (
+                        &raw const (*o).operand as *const c_void,
+                        &raw const (*o).compare as *const c_void,
                     )
+                };
+                st.fi(|| {
+                    posted(unsafe {
+                        fi::fi_compare_atomic(
+                            st.ep.as_ptr(),
+                            buf,
+                            1,
+                            ptr::null_mut(),
+                            cmp,
+                            ptr::null_mut(),
+                            local_address,
+                            desc,
+                            dest,
+                            raddr,
+                            key,
+                            dt,
+                            fi::FI_CSWAP,
+                            ctx_of(o),
+                        )
+                    })
                 })
-            })
-        })
+            },
+        )
     })
 }
