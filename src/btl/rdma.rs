@@ -510,6 +510,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
             // live until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
             st.fi(|| {
+                // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                 posted(unsafe {
                     fi::fi_fetch_atomic(
                         st.ep.as_ptr(),
@@ -581,6 +582,7 @@ pub(crate) extern "C" fn btl_atomic_cswap(
                     )
                 };
                 st.fi(|| {
+                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                     posted(unsafe {
                         fi::fi_compare_atomic(
                             st.ep.as_ptr(),
