@@ -61,10 +61,13 @@ int ompi_ofi_glue_comm_remote_size(ompi_communicator_t *comm)
     return ompi_comm_remote_size(comm);
 }
 
-/* What the MTL needs to know about a convertor: base address, packed size, whether the
- * data is one contiguous block (then *contig_start is where it begins, including the
- * datatype's true lower bound, which is what MPI_BOTTOM with absolute addresses needs),
- * and whether packing needs a separate buffer. */
+/* What the MTL needs to know about a convertor: packed size, whether packing needs a
+ * separate buffer, and, when the data is one contiguous block, where it starts.
+ * pml cm builds some send convertors for contiguous data by hand (thin requests and
+ * blocking sends), with pBaseBuf already moved to the datatype's true lower bound and
+ * neither CONVERTOR_SEND nor CONVERTOR_RECV set: there the data starts at pBaseBuf.
+ * Prepared convertors (receives, persistent and buffered sends) start at the true
+ * lower bound, which carries a displacement, or the absolute address with MPI_BOTTOM. */
 void ompi_ofi_glue_convertor_info(opal_convertor_t *conv, size_t *packed_size,
                                   int *contiguous, char **contig_start, int *need_buffers)
 {
@@ -75,7 +78,11 @@ void ompi_ofi_glue_convertor_info(opal_convertor_t *conv, size_t *packed_size,
     if (NULL != conv->pDesc && !(conv->flags & CONVERTOR_COMPLETED) &&
         opal_datatype_is_contiguous_memory_layout(conv->pDesc, conv->count)) {
         *contiguous = 1;
-        *contig_start = (char *) conv->pBaseBuf + conv->pDesc->true_lb;
+        if (conv->flags & (CONVERTOR_SEND | CONVERTOR_RECV)) {
+            opal_convertor_get_current_pointer(conv, (void **) contig_start);
+        } else {
+            *contig_start = (char *) conv->pBaseBuf;
+        }
     }
 }
 

@@ -49,6 +49,7 @@ pub fn close_output() {
 pub mod locality;
 pub mod monitor;
 pub mod patch_check;
+pub mod quirks;
 pub mod release;
 pub mod select;
 pub mod shared;

@@ -56,6 +56,11 @@ pub struct Mtl {
     pub directed: bool,
     pub events_per_progress: usize,
     pub lock: MaybeLock,
+    /// Receives end with this many bytes of shared scratch, so that the provider never
+    /// truncates (see `common::quirks::Quirks::truncation_unsafe`); null when unused.
+    /// Its contents are garbage: whatever lands there is never read.
+    pub overflow: *mut u8,
+    pub overflow_len: usize,
     pub sync_ids: AtomicU32,
     pub counters: Counters,
 }
@@ -424,6 +429,9 @@ pub fn progress_mtl(m: &Mtl) -> usize {
                 let r = unsafe { fi::fi_cq_readerr(m.cq, &mut e, 0) };
                 (0, if r >= 0 { Some(e) } else { None })
             } else if ret < 0 {
+                if ret != -(fi::FI_EAGAIN as isize) {
+                    log::error!("fi_cq_read: {}", crate::fabric::Error::from_ret(ret));
+                }
                 (0, None)
             } else {
                 (ret as usize, None)
@@ -596,7 +604,14 @@ unsafe fn recv_done(
         let source = l.source(tag, data);
         (*r).status.source = source;
         (*r).status.tag = l.mpi_tag(tag);
-        (*r).status.error = error;
+        // A message longer than the receive: the provider said so (error), or it
+        // reported the full length (udp;ofi_rxd does not flag truncation), or the
+        // excess went to the overflow area.
+        (*r).status.error = if len > (*r).length {
+            sys::MPI_ERR_TRUNCATE as c_int
+        } else {
+            error
+        };
         (*r).status.count = len.min((*r).length);
         if l.proto(tag) == Proto::Sync && flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
             send_ack(m, (*r).comm, source, l.sync_id(data));
@@ -648,7 +663,15 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
     let r = unsafe { Request::from_ctx(e.op_context) };
     // SAFETY: r is live.
     let kind = unsafe { (*r).kind };
-    let code = e.err as u32;
+    // shm reports some errors negated.
+    let code = e.err.unsigned_abs();
+    log::trace!(
+        "error completion {kind:?}: {} tag {:#x} len {} olen {}",
+        crate::fabric::Error(e.err),
+        e.tag,
+        e.len,
+        e.olen
+    );
     match kind {
         Kind::Probe if code == fi::FI_ENOMSG => {
             // SAFETY: live probe.
@@ -1003,22 +1026,51 @@ fn irecv_impl(
     let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
     // SAFETY: r is live.
     let ctx = unsafe { (*r).ctx_ptr() };
-    let ret = retry(m, || {
-        // SAFETY: buf is valid for len bytes until the receive completes (user memory
-        // the PML keeps alive, or our buffer freed at completion).
-        unsafe {
-            fi::fi_trecv(
-                m.ep,
-                buf as *mut c_void,
-                len,
-                ptr::null_mut(),
-                addr,
-                bits,
-                ignore,
-                ctx,
-            )
-        }
-    });
+    let ret = if m.overflow.is_null() {
+        retry(m, || {
+            // SAFETY: buf is valid for len bytes until the receive completes (user
+            // memory the PML keeps alive, or our buffer freed at completion).
+            unsafe {
+                fi::fi_trecv(
+                    m.ep,
+                    buf as *mut c_void,
+                    len,
+                    ptr::null_mut(),
+                    addr,
+                    bits,
+                    ignore,
+                    ctx,
+                )
+            }
+        })
+    } else {
+        let iov = [
+            fi::iovec {
+                iov_base: buf as *mut c_void,
+                iov_len: len,
+            },
+            fi::iovec {
+                iov_base: m.overflow as *mut c_void,
+                iov_len: m.overflow_len,
+            },
+        ];
+        retry(m, || {
+            // SAFETY: as above for buf; the overflow area lives until finalize and the
+            // provider copies the iov array before returning.
+            unsafe {
+                fi::fi_trecvv(
+                    m.ep,
+                    iov.as_ptr(),
+                    ptr::null_mut(),
+                    2,
+                    addr,
+                    bits,
+                    ignore,
+                    ctx,
+                )
+            }
+        })
+    };
     if ret < 0 {
         if owned {
             // SAFETY: not posted, still ours.

@@ -216,6 +216,12 @@ pub fn init_module(
     modex::send(super::component::component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
+    let quirks = crate::common::quirks::of(&provider);
+    let (overflow, overflow_len) = if quirks.truncation_unsafe {
+        overflow_area(info.max_msg_size())
+    } else {
+        (ptr::null_mut(), 0)
+    };
     let events = param(idx::PROGRESS_EVENT_CNT).max(1) as usize;
     let state = Box::new(Mtl {
         ep: ep.as_ptr(),
@@ -227,6 +233,8 @@ pub fn init_module(
         directed: directed && layout.source_in_data(),
         events_per_progress: events,
         lock: datapath::MaybeLock::new(threaded_lock),
+        overflow,
+        overflow_len,
         sync_ids: AtomicU32::new(0),
         counters: Default::default(),
     });
@@ -259,6 +267,41 @@ pub fn init_module(
         if threaded_lock { ", serialised for MPI_THREAD_MULTIPLE" } else { "" }
     );
     Ok(m)
+}
+
+/// Scratch that receives end with on providers where truncation stalls: address space
+/// only (MAP_NORESERVE), touched only by a message longer than its receive.
+const OVERFLOW_MAX: usize = 1 << 30;
+
+fn overflow_area(max_msg: usize) -> (*mut u8, usize) {
+    let len = max_msg.clamp(4096, OVERFLOW_MAX);
+    // SAFETY: an anonymous private mapping; checked for failure.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        log::warn!("no overflow area for receives ({len} bytes): a truncated receive may stall this provider");
+        (ptr::null_mut(), 0)
+    } else {
+        (p as *mut u8, len)
+    }
+}
+
+/// Release the overflow area (after the endpoint can no longer write into it: called
+/// from finalize before the objects close, which is fine because no receive is posted
+/// any more once the PML finalizes).
+fn overflow_unmap(m: &Mtl) {
+    if !m.overflow.is_null() {
+        // SAFETY: the mapping made in overflow_area, of overflow_len bytes.
+        unsafe { libc::munmap(m.overflow as *mut libc::c_void, m.overflow_len) };
+    }
 }
 
 /// Insert `procs` into the address vector (from their modex entries).
@@ -389,6 +432,7 @@ pub fn finalize() {
         unsafe { sys::opal_progress_unregister(Some(datapath::progress_cb)) };
         // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
         let m = unsafe { Box::from_raw(p) };
+        overflow_unmap(&m);
         let c = &m.counters;
         log::debug!(
             "finalize: {} completion errors, {} EAGAIN retries",

@@ -1,0 +1,43 @@
+//! Provider behaviour that the components must work around, found on the providers of
+//! libfabric 1.17 and each pinned by a test (tests/fabric.rs, mpi_tests/). One place
+//! for them, so that a data path asks "does this provider need X" instead of testing
+//! provider names.
+
+/// What is known to be wrong with a provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quirks {
+    /// A receive shorter than its message goes wrong inside the provider: later
+    /// messages from that peer are never delivered (ofi_rxm and net 1.17; the C MTL
+    /// hangs the same way on tcp), or the truncation is not reported at all
+    /// (ofi_rxd), or a large truncated message hangs (shm). Receives then carry an overflow buffer so that the provider never
+    /// truncates, and the MTL detects truncation from the length.
+    pub truncation_unsafe: bool,
+    /// Matching of unexpected messages ignores the receive's ignore mask, so wildcard
+    /// receives miss (or mis-match) messages that arrived before them (shm 1.17).
+    pub unexpected_ignores_mask: bool,
+}
+
+/// The quirks of a provider, by its `fi_info` name (`tcp;ofi_rxm`, `shm`, ...).
+pub fn of(provider: &str) -> Quirks {
+    let layers: Vec<&str> = provider.split(';').collect();
+    Quirks {
+        truncation_unsafe: layers.iter().any(|l| matches!(*l, "ofi_rxm" | "ofi_rxd" | "net" | "sockets" | "shm")),
+        unexpected_ignores_mask: layers.first() == Some(&"shm"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_name() {
+        assert!(of("tcp;ofi_rxm").truncation_unsafe);
+        assert!(of("verbs;ofi_rxm").truncation_unsafe);
+        assert!(of("udp;ofi_rxd").truncation_unsafe);
+        assert!(of("net").truncation_unsafe);
+        assert!(of("shm").unexpected_ignores_mask);
+        assert!(of("shm").truncation_unsafe);
+        assert_eq!(of("efa"), Quirks::default());
+    }
+}
