@@ -1,23 +1,36 @@
-//! The OFI BTL: active messages, RDMA and atomics.
+//! The OFI BTL: active messages for ob1, RDMA and atomics for osc rdma, and a
+//! registration cache that memory releases invalidate.
+//!
+//! `component` is the exported component, `module` builds the module (provider
+//! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
+//! atomics and memory registration, `rcache` the registration cache.
+pub mod am;
 pub mod component;
+pub mod module;
+pub mod rcache;
+pub mod rdma;
 
 use ompi_sys as sys;
 
 /// Build the BTL modules, or say why not.
 pub fn init_modules(
-    _progress_threads: bool,
-    _mpi_threads: bool,
+    progress_threads: bool,
+    mpi_threads: bool,
 ) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
-    Err("the active-message and RDMA data paths are not implemented yet".into())
+    module::init(progress_threads, mpi_threads)
 }
 
 /// Register the generic BTL parameters (exclusivity, eager limits) for our module template.
-pub fn register_base_params() {}
+pub fn register_base_params() {
+    module::register_base_params();
+}
 
 /// Component progress.
 pub fn progress() -> i32 {
-    0
+    module::progress()
 }
 
 /// Release everything at component close.
-pub fn finalize_component() {}
+pub fn finalize_component() {
+    module::finalize();
+}

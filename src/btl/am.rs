@@ -1,0 +1,626 @@
+//! Active messages for ob1: fragments (`alloc`, `free`, `prepare_src`), `send`,
+//! `sendi`, the pre-posted receive buffers and the dispatch of received fragments to
+//! `mca_btl_base_active_message_trigger`.
+//!
+//! Wire format: an 8-byte header (the active-message tag, padding keeps the payload
+//! 8-byte aligned) followed by the payload, sent with untagged `fi_send`/`fi_inject`
+//! into receive buffers of `HDR + max_send_size` bytes posted `btl_ofi_rd_num` at a
+//! time. A fragment's header and payload are one contiguous buffer, so a send is one
+//! call.
+//!
+//! What it owns: fragments, receive buffers and the queue of sends that met
+//! `-FI_EAGAIN`. What it must not touch: provider setup (`module.rs`), RDMA.
+
+use super::module::{lock, progress_module, Module, PeerEp, State};
+use crate::fabric::{Error, MemoryRegion};
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::mem::offset_of;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::Ordering;
+
+/// Bytes of the wire header.
+pub const HDR: usize = 8;
+
+/// What kind of operation a completion context belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Kind {
+    Send,
+    Recv,
+    Rdma,
+}
+
+/// The head of every operation context handed to libfabric: the provider's scratch
+/// space (FI_CONTEXT/FI_CONTEXT2) and the kind that says which struct contains it.
+#[repr(C)]
+pub struct Ctx {
+    pub fi: fi::fi_context2,
+    pub kind: Kind,
+}
+
+impl Ctx {
+    pub fn new(kind: Kind) -> Ctx {
+        Ctx {
+            fi: fi::fi_context2::default(),
+            kind,
+        }
+    }
+}
+
+/// A send fragment. The descriptor comes first: Open MPI sees only that.
+#[repr(C)]
+pub struct Frag {
+    pub base: sys::mca_btl_base_descriptor_t,
+    pub ctx: Ctx,
+    pub segment: sys::mca_btl_base_segment_t,
+    pub endpoint: *mut PeerEp,
+    /// HDR bytes of header, then `cap` bytes of payload.
+    pub buf: *mut u8,
+    pub cap: usize,
+    pub mr: Option<MemoryRegion>,
+}
+
+/// A pre-posted receive buffer.
+#[repr(C)]
+pub struct RecvBuf {
+    pub ctx: Ctx,
+    pub buf: *mut u8,
+    pub cap: usize,
+    pub mr: Option<MemoryRegion>,
+}
+
+#[inline]
+fn module_of(btl: *mut sys::mca_btl_base_module_t) -> *mut Module {
+    btl as *mut Module
+}
+
+/// A fresh or recycled fragment with room for `cap` payload bytes (`cap` at most the
+/// module's fragment size).
+fn get_frag(st: &State) -> Option<*mut Frag> {
+    if let Some(f) = lock(&st.frags).pop() {
+        return Some(f);
+    }
+    let cap = st.frag_payload;
+    // SAFETY: plain allocation, checked.
+    let buf = unsafe { libc::malloc(HDR + cap) } as *mut u8;
+    if buf.is_null() {
+        return None;
+    }
+    let mr = if st.mr_local {
+        // SAFETY: buf lives as long as the fragment (freed after the region).
+        match unsafe { st.register(buf as *const c_void, HDR + cap) } {
+            Ok(m) => Some(m),
+            Err(e) => {
+                log::warn!("registering a fragment buffer on {}: {e}", st.provider);
+                // SAFETY: allocated above.
+                unsafe { libc::free(buf as *mut c_void) };
+                return None;
+            }
+        }
+    } else {
+        None
+    };
+    let f = Box::new(Frag {
+        // SAFETY: a zeroed descriptor is valid (integers, null pointers, None).
+        base: unsafe { std::mem::zeroed() },
+        ctx: Ctx::new(Kind::Send),
+        segment: sys::mca_btl_base_segment_t::default(),
+        endpoint: ptr::null_mut(),
+        buf,
+        cap,
+        mr,
+    });
+    Some(Box::into_raw(f))
+}
+
+/// Reset a fragment for a new use and point its one segment at `len` payload bytes.
+///
+/// # Safety
+/// `f` is a fragment of ours not in use.
+unsafe fn prime(
+    f: *mut Frag,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    order: u8,
+    flags: u32,
+    len: usize,
+) {
+    // SAFETY: caller's contract.
+    unsafe {
+        let fr = &mut *f;
+        fr.endpoint = ep as *mut PeerEp;
+        fr.segment.seg_addr.pval = fr.buf.add(HDR) as *mut c_void;
+        fr.segment.seg_len = len as u64;
+        fr.base.des_segments = &mut fr.segment;
+        fr.base.des_segment_count = 1;
+        fr.base.des_cbfunc = None;
+        fr.base.des_cbdata = ptr::null_mut();
+        fr.base.des_context = ptr::null_mut();
+        fr.base.des_flags = flags;
+        fr.base.order = order;
+        fr.ctx = Ctx::new(Kind::Send);
+    }
+}
+
+/// Return a fragment to the free list.
+fn put_frag(st: &State, f: *mut Frag) {
+    lock(&st.frags).push(f);
+}
+
+/// Free a fragment's memory (finalize).
+///
+/// # Safety
+/// `f` came from `get_frag` and is not in use.
+pub unsafe fn free_frag_memory(f: *mut Frag) {
+    // SAFETY: caller's contract; the region closes before the buffer is freed.
+    unsafe {
+        let fr = Box::from_raw(f);
+        let buf = fr.buf;
+        drop(fr);
+        libc::free(buf as *mut c_void);
+    }
+}
+
+/// Free a receive buffer (finalize, after the endpoint closed).
+///
+/// # Safety
+/// `b` came from `post_receives` and no receive uses it.
+pub unsafe fn free_recv_buf(b: *mut RecvBuf) {
+    // SAFETY: caller's contract.
+    unsafe {
+        let rb = Box::from_raw(b);
+        let buf = rb.buf;
+        drop(rb);
+        libc::free(buf as *mut c_void);
+    }
+}
+
+/// Post `n` receive buffers.
+///
+/// # Safety
+/// `mp` is a live module.
+pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
+    // SAFETY: caller's contract.
+    let st = unsafe { &(*mp).st };
+    let cap = HDR + st.frag_payload;
+    for _ in 0..n {
+        // SAFETY: plain allocation, checked.
+        let buf = unsafe { libc::malloc(cap) } as *mut u8;
+        if buf.is_null() {
+            return Err(Error::NOMEM);
+        }
+        let mr = if st.mr_local {
+            // SAFETY: buf lives until free_recv_buf, after the region is dropped.
+            match unsafe { st.register(buf as *const c_void, cap) } {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    // SAFETY: allocated above.
+                    unsafe { libc::free(buf as *mut c_void) };
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let rb = Box::into_raw(Box::new(RecvBuf {
+            ctx: Ctx::new(Kind::Recv),
+            buf,
+            cap,
+            mr,
+        }));
+        lock(&st.recv_bufs).push(rb);
+        // SAFETY: rb is live until finalize.
+        unsafe { repost(st, rb) }?;
+    }
+    Ok(())
+}
+
+/// Post (again) one receive buffer, progressing while the provider pushes back.
+///
+/// # Safety
+/// `rb` is a live receive buffer of this module, not posted.
+unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
+    // SAFETY: caller's contract.
+    let r = unsafe { &mut *rb };
+    let desc = r.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
+    r.ctx = Ctx::new(Kind::Recv);
+    let ctx = &mut r.ctx as *mut Ctx as *mut c_void;
+    loop {
+        // SAFETY: the buffer and context live until the completion is reaped (or the
+        // endpoint closes, before the buffer is freed).
+        let ret = st.fi(|| unsafe { st.ep.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx) });
+        match ret {
+            Err(Error::AGAIN) => {
+                // Receives are only refused for lack of resources: reap some.
+                // SAFETY: plain call.
+                unsafe { sys::opal_progress() };
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A receive completed: hand the payload to the registered callback, then repost.
+///
+/// # Safety
+/// `ctx` is the Ctx of one of our receive buffers.
+pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
+    let rb = ctx as *mut RecvBuf; // Ctx is RecvBuf's first field
+                                  // SAFETY: mp is the live module.
+    let st = unsafe { &(*mp).st };
+    if err != 0 {
+        if st.closing.load(Ordering::Relaxed) || err == fi::FI_ECANCELED as i32 {
+            return;
+        }
+        log::warn!(
+            "a receive completed with an error on {}: {}",
+            st.provider,
+            Error(err)
+        );
+    } else if len >= HDR {
+        // SAFETY: rb is live and holds len received bytes.
+        let (tag, payload) = unsafe { (*(*rb).buf, (*rb).buf.add(HDR)) };
+        // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic.
+        let trig = unsafe {
+            *(&raw const sys::mca_btl_base_active_message_trigger
+                as *const sys::mca_btl_active_message_callback_t)
+                .add(tag as usize)
+        };
+        if let Some(cb) = trig.cbfunc {
+            let mut seg = sys::mca_btl_base_segment_t {
+                seg_addr: sys::opal_ptr_t {
+                    pval: payload as *mut c_void,
+                },
+                seg_len: (len - HDR) as u64,
+            };
+            // SAFETY: zeroed is a valid descriptor; it only lives for the callback.
+            let mut des: sys::mca_btl_base_descriptor_t = unsafe { std::mem::zeroed() };
+            des.des_segments = &mut seg;
+            des.des_segment_count = 1;
+            // SAFETY: the callback may use the payload until it returns; we repost after.
+            unsafe {
+                cb(
+                    mp as *mut sys::mca_btl_base_module_t,
+                    tag,
+                    &mut des,
+                    trig.cbdata,
+                )
+            };
+        } else {
+            log::warn!(
+                "dropping a fragment with active-message tag {tag}, which nobody registered"
+            );
+        }
+    }
+    if st.closing.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: rb is ours and no longer posted.
+    if let Err(e) = unsafe { repost(st, rb) } {
+        log::error!("re-posting a receive buffer on {}: {e}", st.provider);
+    }
+}
+
+/// Finish a send: callback, then free if the BTL owns the descriptor.
+///
+/// # Safety
+/// `f` is a fragment whose send completed (or failed).
+unsafe fn finish_send(mp: *mut Module, f: *mut Frag, status: c_int, always: bool) {
+    // SAFETY: caller's contract.
+    let (flags, cb, ep) = unsafe { ((*f).base.des_flags, (*f).base.des_cbfunc, (*f).endpoint) };
+    if always || flags & sys::MCA_BTL_DES_SEND_ALWAYS_CALLBACK != 0 || status != sys::OPAL_SUCCESS {
+        if let Some(cb) = cb {
+            // SAFETY: the PML's callback with its own descriptor.
+            unsafe { cb(mp as *mut _, ep as *mut _, &mut (*f).base, status) };
+        }
+    }
+    if flags & sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP != 0 {
+        // SAFETY: mp is live.
+        put_frag(unsafe { &(*mp).st }, f);
+    }
+}
+
+/// A send completion.
+///
+/// # Safety
+/// `ctx` is the `ctx` field of one of our fragments.
+pub unsafe fn send_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
+    // SAFETY: ctx lies offset_of!(Frag, ctx) bytes into its fragment.
+    let f = unsafe { (ctx as *mut u8).sub(offset_of!(Frag, ctx)) as *mut Frag };
+    // SAFETY: mp is live.
+    unsafe { &(*mp).st }
+        .send_outstanding
+        .fetch_sub(1, Ordering::AcqRel);
+    let status = if err == 0 {
+        sys::OPAL_SUCCESS
+    } else {
+        Error(err).to_opal()
+    };
+    // SAFETY: the send is done.
+    unsafe { finish_send(mp, f, status, true) };
+}
+
+/// Try to put a fragment on the wire. `Ok(true)`: injected (complete now), `Ok(false)`:
+/// posted (completion later), `Err(AGAIN)`: retry later.
+///
+/// # Safety
+/// `f` is a primed fragment with its header written.
+unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
+    // SAFETY: caller's contract.
+    let fr = unsafe { &mut *f };
+    let len = HDR + fr.segment.seg_len as usize;
+    // SAFETY: endpoint came from add_procs.
+    let dest = unsafe { (*fr.endpoint).addr };
+    if len <= st.inject_size {
+        // SAFETY: the buffer is valid for len bytes during the call.
+        st.fi(|| unsafe { st.ep.inject(fr.buf as *const c_void, len, dest) })?;
+        return Ok(true);
+    }
+    let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
+    let ctx = &mut fr.ctx as *mut Ctx as *mut c_void;
+    // SAFETY: the fragment (buffer and context) stays ours until the completion.
+    st.fi(|| unsafe { st.ep.send(fr.buf as *const c_void, len, desc, dest, ctx) })?;
+    st.send_outstanding.fetch_add(1, Ordering::AcqRel);
+    Ok(false)
+}
+
+/// Post queued sends in order until the provider pushes back again.
+pub(crate) fn drain_pending(mp: *mut Module) {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    loop {
+        let Some(f) = lock(&st.pending).front().copied() else {
+            st.has_pending.store(false, Ordering::Relaxed);
+            return;
+        };
+        // SAFETY: queued fragments are primed and ours.
+        match unsafe { post(st, f) } {
+            Err(Error::AGAIN) => return,
+            r => {
+                lock(&st.pending).pop_front();
+                match r {
+                    // SAFETY: injected: complete now (its callback was deferred).
+                    Ok(true) => unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, true) },
+                    Ok(false) => {}
+                    Err(e) => {
+                        log::warn!("a queued send failed on {}: {e}", st.provider);
+                        // SAFETY: not posted: report the error through its callback.
+                        unsafe { finish_send(mp, f, e.to_opal(), true) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn enqueue(st: &State, f: *mut Frag) {
+    lock(&st.pending).push_back(f);
+    st.has_pending.store(true, Ordering::Relaxed);
+}
+
+/// Send a primed fragment with its header written; the BTL's send contract.
+///
+/// # Safety
+/// `f` is ours, primed, header written.
+unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    if st.has_pending.load(Ordering::Relaxed) {
+        drain_pending(mp);
+        if st.has_pending.load(Ordering::Relaxed) {
+            enqueue(st, f);
+            return sys::OPAL_SUCCESS;
+        }
+    }
+    // SAFETY: forwarded.
+    let r = unsafe { post(st, f) };
+    st.maybe_progress(mp);
+    match r {
+        Ok(true) => {
+            // Injected: the data is gone. Like btl/self, call back only when asked.
+            // SAFETY: f is complete.
+            unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, false) };
+            1
+        }
+        Ok(false) => sys::OPAL_SUCCESS,
+        Err(Error::AGAIN) => {
+            // Flow control: the fragment waits in order and goes out from progress.
+            enqueue(st, f);
+            sys::OPAL_SUCCESS
+        }
+        Err(e) => {
+            log::warn!("fi_send on {}: {e}", st.provider);
+            e.to_opal()
+        }
+    }
+}
+
+/// Pack `size` bytes from the convertor at `dst`. Returns the packed length.
+///
+/// # Safety
+/// `dst` has room for `size` bytes; `conv` is a prepared convertor.
+unsafe fn pack(
+    conv: *mut sys::opal_convertor_t,
+    dst: *mut u8,
+    size: usize,
+) -> Result<usize, c_int> {
+    if size == 0 {
+        return Ok(0);
+    }
+    let mut iov = libc::iovec {
+        iov_base: dst as *mut c_void,
+        iov_len: size,
+    };
+    let mut count: u32 = 1;
+    let mut max = size;
+    // SAFETY: iov describes size writable bytes.
+    let rc = unsafe {
+        sys::opal_convertor_pack(
+            conv,
+            &mut iov as *mut _ as *mut sys::iovec,
+            &mut count,
+            &mut max,
+        )
+    };
+    if rc < 0 {
+        return Err(sys::OPAL_ERROR);
+    }
+    Ok(max)
+}
+
+pub(crate) extern "C" fn btl_alloc(
+    btl: *mut sys::mca_btl_base_module_t,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    order: u8,
+    size: usize,
+    flags: u32,
+) -> *mut sys::mca_btl_base_descriptor_t {
+    crate::ompi::component::ffi_guard("btl alloc", ptr::null_mut(), || {
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*module_of(btl)).st };
+        if size > st.frag_payload {
+            return ptr::null_mut();
+        }
+        let Some(f) = get_frag(st) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: f is a free fragment.
+        unsafe {
+            prime(f, ep, order, flags, size);
+            &mut (*f).base
+        }
+    })
+}
+
+pub(crate) extern "C" fn btl_free(
+    btl: *mut sys::mca_btl_base_module_t,
+    des: *mut sys::mca_btl_base_descriptor_t,
+) -> c_int {
+    crate::ompi::component::ffi_guard("btl free", sys::OPAL_ERROR, || {
+        // SAFETY: btl is our module; des is one of our fragments (its first field).
+        put_frag(unsafe { &(*module_of(btl)).st }, des as *mut Frag);
+        sys::OPAL_SUCCESS
+    })
+}
+
+pub(crate) extern "C" fn btl_prepare_src(
+    btl: *mut sys::mca_btl_base_module_t,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    conv: *mut sys::opal_convertor_t,
+    order: u8,
+    reserve: usize,
+    size: *mut usize,
+    flags: u32,
+) -> *mut sys::mca_btl_base_descriptor_t {
+    crate::ompi::component::ffi_guard("btl prepare_src", ptr::null_mut(), || {
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*module_of(btl)).st };
+        if reserve > st.frag_payload {
+            return ptr::null_mut();
+        }
+        // SAFETY: size is a valid in/out pointer.
+        let want = unsafe { *size }.min(st.frag_payload - reserve);
+        let Some(f) = get_frag(st) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: f is free; its payload has room for reserve + want bytes.
+        let packed = match unsafe { pack(conv, (*f).buf.add(HDR + reserve), want) } {
+            Ok(n) => n,
+            Err(_) => {
+                put_frag(st, f);
+                return ptr::null_mut();
+            }
+        };
+        // SAFETY: as above.
+        unsafe {
+            prime(f, ep, order, flags, reserve + packed);
+            *size = packed;
+            &mut (*f).base
+        }
+    })
+}
+
+pub(crate) extern "C" fn btl_send(
+    btl: *mut sys::mca_btl_base_module_t,
+    _ep: *mut sys::mca_btl_base_endpoint_t,
+    des: *mut sys::mca_btl_base_descriptor_t,
+    tag: sys::mca_btl_base_tag_t,
+) -> c_int {
+    crate::ompi::component::ffi_guard("btl send", sys::OPAL_ERROR, || {
+        let f = des as *mut Frag;
+        // SAFETY: des is one of our fragments; the header precedes the payload.
+        unsafe {
+            *(*f).buf = tag;
+            send_frag(module_of(btl), f)
+        }
+    })
+}
+
+pub(crate) extern "C" fn btl_sendi(
+    btl: *mut sys::mca_btl_base_module_t,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    conv: *mut sys::opal_convertor_t,
+    header: *mut c_void,
+    header_size: usize,
+    payload_size: usize,
+    order: u8,
+    flags: u32,
+    tag: sys::mca_btl_base_tag_t,
+    descriptor: *mut *mut sys::mca_btl_base_descriptor_t,
+) -> c_int {
+    crate::ompi::component::ffi_guard("btl sendi", sys::OPAL_ERROR, || {
+        let mp = module_of(btl);
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*mp).st };
+        let total = header_size + payload_size;
+        let busy = || {
+            if !descriptor.is_null() {
+                // SAFETY: valid out pointer.
+                unsafe { *descriptor = btl_alloc(btl, ep, order, total, flags) };
+            }
+            sys::OPAL_ERR_RESOURCE_BUSY
+        };
+        if total > st.frag_payload || st.has_pending.load(Ordering::Relaxed) {
+            return busy();
+        }
+        let Some(f) = get_frag(st) else { return busy() };
+        // SAFETY: f is free with room for total payload bytes; header is valid for
+        // header_size bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(header as *const u8, (*f).buf.add(HDR), header_size);
+            if payload_size > 0
+                && pack(conv, (*f).buf.add(HDR + header_size), payload_size).is_err()
+            {
+                put_frag(st, f);
+                return sys::OPAL_ERROR;
+            }
+            prime(
+                f,
+                ep,
+                order,
+                flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
+                total,
+            );
+            *(*f).buf = tag;
+        }
+        // SAFETY: f is primed with its header.
+        match unsafe { post(st, f) } {
+            Ok(true) => {
+                put_frag(st, f);
+                sys::OPAL_SUCCESS
+            }
+            Ok(false) => sys::OPAL_SUCCESS,
+            Err(Error::AGAIN) => {
+                progress_module(mp);
+                // Already packed: it goes out in order from progress.
+                enqueue(st, f);
+                sys::OPAL_SUCCESS
+            }
+            Err(e) => {
+                put_frag(st, f);
+                e.to_opal()
+            }
+        }
+    })
+}

@@ -1,0 +1,954 @@
+//! BTL setup and teardown: the module template whose generic limits Open MPI's
+//! `btl_ofi_*` parameters write into, provider selection for the requested mode, the
+//! endpoint, the pre-posted receive buffers, the atomics advertised from
+//! `fi_query_atomic`, add/del of procs, progress and flush.
+//!
+//! What it owns: the one [`Module`] of the process (one per selected domain; the common
+//! layer selects one NIC) and its libfabric objects. The data paths live in `am.rs`
+//! (active messages) and `rdma.rs` (RDMA and atomics); the registration cache in
+//! `rcache.rs`.
+//!
+//! Threading: libfabric calls on the endpoint and CQ go through [`Module::fi`], which
+//! holds a mutex only when MPI threads are enabled and the domain is not
+//! `FI_THREAD_SAFE`. No lock is held while an Open MPI callback runs, because callbacks
+//! call back into the BTL.
+
+use super::am::{self, Frag, RecvBuf, HDR};
+use super::rcache::{self, Cache};
+use super::rdma::{self, Registration};
+use crate::common::{self, release, DomainHandle, DomainRequest};
+use crate::fabric::{
+    AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints, MemoryRegion,
+};
+use crate::ompi::component::ffi_guard;
+use crate::ompi::modex;
+use crate::ompi::params::btl as idx;
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::collections::VecDeque;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A mutex taken only when the domain's threading level requires it.
+pub struct FiLock {
+    enabled: bool,
+    m: Mutex<()>,
+}
+
+impl FiLock {
+    #[inline]
+    pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
+        self.enabled.then(|| lock(&self.m))
+    }
+}
+
+/// What `add_procs` hands Open MPI as `mca_btl_base_endpoint_t`.
+pub struct PeerEp {
+    pub addr: fi::fi_addr_t,
+    pub proc_: *mut sys::opal_proc_t,
+}
+
+/// The module: Open MPI's struct first (Open MPI holds a pointer to it), our state after.
+#[repr(C)]
+pub struct Module {
+    pub sup: sys::mca_btl_base_module_t,
+    pub st: State,
+}
+
+/// Everything the data paths need.
+pub struct State {
+    pub ep: Arc<Endpoint>,
+    pub cq: Arc<CompletionQueue>,
+    pub av: Arc<AddressVector>,
+    pub fi_lock: FiLock,
+    pub provider: String,
+    pub two_sided: bool,
+    pub one_sided: bool,
+    pub mr_local: bool,
+    pub mr_endpoint: bool,
+    pub virt_addr: bool,
+    pub prov_key: bool,
+    pub mr_access: u64,
+    pub inject_size: usize,
+    /// Payload bytes of a fragment (the module's max_send_size).
+    pub frag_payload: usize,
+    pub num_cq_read: usize,
+    pub progress_threshold: usize,
+    pub frags: Mutex<Vec<*mut Frag>>,
+    /// Sends that met -FI_EAGAIN (or queued behind one), posted again by progress.
+    pub pending: Mutex<VecDeque<*mut Frag>>,
+    pub has_pending: AtomicBool,
+    pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
+    pub peers: Mutex<Vec<*mut PeerEp>>,
+    /// RDMA and atomic operations posted and not completed (flush waits for 0).
+    pub rdma_outstanding: AtomicUsize,
+    /// Sends posted and not completed.
+    pub send_outstanding: AtomicUsize,
+    pub rcache: Mutex<Cache<MemoryRegion>>,
+    pub rcache_sub: Option<release::SlotId>,
+    pub error_cb: Mutex<sys::mca_btl_base_module_error_cb_fn_t>,
+    pub in_progress: AtomicBool,
+    pub closing: AtomicBool,
+    pub cq_errors: AtomicU64,
+    /// Operations posted: put, get, atomic_op, atomic_fop, atomic_cswap.
+    pub ops: [AtomicU64; 5],
+    pub next_key: AtomicU64,
+    /// Dropped last: the shared domain (and, for the last user, the memory monitor).
+    pub domain: Option<DomainHandle>,
+}
+
+// SAFETY: the raw pointers (fragments, receive buffers, peers) are owned by the module
+// and only touched under the mutexes above or by the single owner of an operation;
+// libfabric calls are serialised by `fi_lock` below FI_THREAD_SAFE (see module docs).
+unsafe impl Send for State {}
+// SAFETY: as above.
+unsafe impl Sync for State {}
+
+impl State {
+    /// Register `[base, base + len)` for this module's access rights, binding it to the
+    /// endpoint when the provider wants `FI_MR_ENDPOINT`.
+    ///
+    /// # Safety
+    /// The memory must stay mapped while the region lives (see `MemoryRegion::register`).
+    pub unsafe fn register(
+        &self,
+        base: *const c_void,
+        len: usize,
+    ) -> crate::fabric::Result<MemoryRegion> {
+        let key = if self.prov_key {
+            0
+        } else {
+            self.next_key.fetch_add(1, Ordering::Relaxed)
+        };
+        // SAFETY: forwarded contract.
+        let mr = unsafe {
+            MemoryRegion::register(self.ep.domain(), base, len, self.mr_access, 0, key, 0)
+        }?;
+        if self.mr_endpoint {
+            mr.bind_ep(&self.ep, 0)?;
+            mr.enable()?;
+        }
+        Ok(mr)
+    }
+
+    /// Run one libfabric call under the threading lock.
+    #[inline]
+    pub fn fi<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _g = self.fi_lock.lock();
+        f()
+    }
+
+    /// Progress from the send path when too much is outstanding.
+    #[inline]
+    pub fn maybe_progress(&self, module: *mut Module) {
+        let n = self.rdma_outstanding.load(Ordering::Relaxed)
+            + self.send_outstanding.load(Ordering::Relaxed);
+        if n > self.progress_threshold {
+            progress_module(module);
+        }
+    }
+}
+
+/// The running module (null before init and after finalize).
+pub static MODULE: AtomicPtr<Module> = AtomicPtr::new(ptr::null_mut());
+static MODULE_ARRAY: AtomicPtr<*mut sys::mca_btl_base_module_t> = AtomicPtr::new(ptr::null_mut());
+
+/// The template whose generic fields `mca_btl_base_param_register` binds to the
+/// `btl_ofi_*` variables. On the C heap and never freed: Open MPI keeps pointers to
+/// its fields for as long as the variables exist, which may be after an unload.
+static TEMPLATE: AtomicPtr<sys::mca_btl_base_module_t> = AtomicPtr::new(ptr::null_mut());
+
+unsafe extern "C" {
+    fn ompi_ofi_btl_glue_job_size() -> u32;
+    fn mca_btl_base_param_register(
+        version: *mut sys::mca_base_component_t,
+        module: *mut sys::mca_btl_base_module_t,
+    ) -> c_int;
+}
+
+const DEFAULT_EAGER: usize = 8 * 1024;
+const DEFAULT_MAX_SEND: usize = 64 * 1024;
+
+fn fill_table(m: &mut sys::mca_btl_base_module_t) {
+    m.btl_add_procs = Some(add_procs);
+    m.btl_del_procs = Some(del_procs);
+    m.btl_register = None;
+    m.btl_finalize = Some(finalize_cb);
+    m.btl_alloc = Some(am::btl_alloc);
+    m.btl_free = Some(am::btl_free);
+    m.btl_prepare_src = Some(am::btl_prepare_src);
+    m.btl_send = Some(am::btl_send);
+    m.btl_sendi = Some(am::btl_sendi);
+    m.btl_put = Some(rdma::btl_put);
+    m.btl_get = Some(rdma::btl_get);
+    m.btl_dump = None;
+    m.btl_atomic_op = Some(rdma::btl_atomic_op);
+    m.btl_atomic_fop = Some(rdma::btl_atomic_fop);
+    m.btl_atomic_cswap = Some(rdma::btl_atomic_cswap);
+    m.btl_register_mem = Some(rdma::btl_register_mem);
+    m.btl_deregister_mem = Some(rdma::btl_deregister_mem);
+    m.btl_register_error = Some(register_error);
+    m.btl_flush = Some(flush);
+}
+
+/// Register the generic BTL parameters (`btl_ofi_exclusivity`, `eager_limit`, ...) on
+/// the template.
+pub fn register_base_params() {
+    let mut t = TEMPLATE.load(Ordering::Acquire);
+    if t.is_null() {
+        // SAFETY: a zeroed module is a valid value (integers, nullable pointers, None).
+        t = unsafe { libc::calloc(1, std::mem::size_of::<sys::mca_btl_base_module_t>()) }
+            as *mut sys::mca_btl_base_module_t;
+        if t.is_null() {
+            return;
+        }
+        TEMPLATE.store(t, Ordering::Release);
+    }
+    // SAFETY: t is our template; nobody else writes it before registration.
+    let m = unsafe { &mut *t };
+    m.btl_component = super::component::mca_btl_ofi_component.get();
+    m.btl_exclusivity = sys::MCA_BTL_EXCLUSIVITY_DEFAULT;
+    m.btl_eager_limit = DEFAULT_EAGER;
+    m.btl_rndv_eager_limit = DEFAULT_EAGER;
+    m.btl_max_send_size = DEFAULT_MAX_SEND;
+    m.btl_rdma_pipeline_send_length = DEFAULT_MAX_SEND;
+    m.btl_rdma_pipeline_frag_size = 4 * 1024 * 1024;
+    m.btl_min_rdma_pipeline_size = 0;
+    m.btl_latency = 10;
+    m.btl_bandwidth = 10000;
+    m.btl_flags = sys::MCA_BTL_FLAGS_SEND
+        | sys::MCA_BTL_FLAGS_RDMA
+        | sys::MCA_BTL_FLAGS_RDMA_FLUSH
+        | sys::MCA_BTL_FLAGS_ATOMIC_OPS
+        | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
+    m.btl_registration_handle_size = std::mem::size_of::<rdma::Handle>();
+    fill_table(m);
+    // SAFETY: the component struct and template are valid; Open MPI binds variables to
+    // the template's fields, which live forever (see TEMPLATE).
+    unsafe {
+        mca_btl_base_param_register(super::component::component_ptr() as *mut _, t);
+    }
+}
+
+fn component() -> &'static sys::mca_base_component_t {
+    // SAFETY: the component struct is a static of this library.
+    unsafe { &*super::component::component_ptr() }
+}
+
+fn param(i: usize) -> i64 {
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.int(i))
+        .unwrap_or(0)
+}
+
+fn param_str(i: usize) -> Option<String> {
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .and_then(|p| p.string(i))
+}
+
+fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
+    match s.unwrap_or("unspec") {
+        "unspec" | "" => Ok(fi::FI_PROGRESS_UNSPEC),
+        "auto" => Ok(fi::FI_PROGRESS_AUTO),
+        "manual" => Ok(fi::FI_PROGRESS_MANUAL),
+        other => Err(format!(
+            "btl_ofi_progress_mode={other}: expected unspec, auto or manual"
+        )),
+    }
+}
+
+const MR_MODES: u32 = fi::FI_MR_VIRT_ADDR
+    | fi::FI_MR_ALLOCATED
+    | fi::FI_MR_PROV_KEY
+    | fi::FI_MR_LOCAL
+    | fi::FI_MR_ENDPOINT;
+
+/// The atomics the provider supports, as `btl_atomic_flags`, from `fi_query_atomic`.
+fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
+    let ok = |dt: fi::fi_datatype, op: fi::fi_op, flags: u64| {
+        let mut attr = fi::fi_atomic_attr::default();
+        // SAFETY: the domain is open; attr is a valid out parameter.
+        unsafe { fi::fi_query_atomic(domain, dt, op, &mut attr, flags) == 0 }
+    };
+    let fetch = fi::FI_FETCH_ATOMIC;
+    let mut flags = 0u32;
+    let mut all32 = true;
+    for (btl, op) in rdma::ATOMIC_OPS {
+        if ok(fi::FI_INT64, op, 0) && ok(fi::FI_INT64, op, fetch) {
+            flags |= btl;
+            all32 &= ok(fi::FI_INT32, op, 0) && ok(fi::FI_INT32, op, fetch);
+        }
+    }
+    let compare = fi::FI_COMPARE_ATOMIC;
+    if ok(fi::FI_INT64, fi::FI_CSWAP, compare) {
+        flags |= sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP;
+        all32 &= ok(fi::FI_INT32, fi::FI_CSWAP, compare);
+    }
+    if flags != 0 && all32 {
+        flags |= sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT;
+    }
+    flags
+}
+
+/// Build the module, or say why not.
+pub fn init(
+    _progress_threads: bool,
+    mpi_threads: bool,
+) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
+    let bad = lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.rejected.clone())
+        .unwrap_or_default();
+    if !bad.is_empty() {
+        return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
+    }
+    let template = TEMPLATE.load(Ordering::Acquire);
+    if template.is_null() {
+        return Err("the BTL parameters were not registered".into());
+    }
+    let mode = param(idx::MODE);
+    let (one_sided, two_sided) = match mode {
+        0 => (true, false),
+        1 => (false, true),
+        2 => (true, true),
+        m => {
+            return Err(format!(
+                "btl_ofi_mode={m}: expected 0 (one-sided), 1 (two-sided) or 2 (both)"
+            ))
+        }
+    };
+    let num_cq_read = param(idx::NUM_CQ_READ);
+    if num_cq_read < 1 {
+        return Err(format!(
+            "btl_ofi_num_cq_read={num_cq_read}: must be at least 1"
+        ));
+    }
+    let rd_num = param(idx::RD_NUM);
+    if two_sided && rd_num < 1 {
+        return Err(format!("btl_ofi_rd_num={rd_num}: must be at least 1"));
+    }
+    if param(idx::NUM_CONTEXTS_PER_MODULE) > 1 && param(idx::DISABLE_SEP) == 0 {
+        log::warn!(
+            "btl_ofi_num_contexts_per_module={} asks for a scalable endpoint; this BTL uses one \
+             regular endpoint per module (scalable endpoints are not implemented), so one context is used",
+            param(idx::NUM_CONTEXTS_PER_MODULE)
+        );
+    }
+    let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
+
+    // SAFETY: opal_process_info and the modex are set up before BTL init.
+    let (local_peers, world) = unsafe {
+        (
+            sys::opal_process_info.num_local_peers,
+            ompi_ofi_btl_glue_job_size(),
+        )
+    };
+    let all_local = world > 0 && local_peers as u64 + 1 >= world as u64;
+    // shm lists neither locality capability: ask for none when every peer is local.
+    let locality = if all_local {
+        0
+    } else {
+        fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM
+    };
+    let threading = if mpi_threads {
+        fi::FI_THREAD_SAFE
+    } else {
+        fi::FI_THREAD_DOMAIN
+    };
+    let make_hints = |atomics: bool, delivery: bool| -> crate::fabric::Result<Hints> {
+        let mut caps = locality;
+        if two_sided {
+            caps |= (fi::FI_MSG | fi::FI_SEND | fi::FI_RECV) as u64;
+        }
+        if one_sided {
+            caps |= (fi::FI_RMA
+                | fi::FI_READ
+                | fi::FI_WRITE
+                | fi::FI_REMOTE_READ
+                | fi::FI_REMOTE_WRITE) as u64;
+            if atomics {
+                caps |= fi::FI_ATOMIC as u64;
+            }
+        }
+        let mut h = Hints::new()?
+            .caps(caps)
+            .mode(fi::FI_CONTEXT | fi::FI_CONTEXT2)
+            .ep_type(fi::FI_EP_RDM)
+            .mr_mode(MR_MODES)
+            .threading(threading)
+            .control_progress(progress)
+            .data_progress(progress)
+            .resource_mgmt(fi::FI_RM_ENABLED);
+        if delivery {
+            h = h.tx_op_flags(fi::FI_DELIVERY_COMPLETE as u64);
+        }
+        Ok(h)
+    };
+    // Preference order: atomics, then RMA completions that mean remote delivery. A
+    // provider without atomics still gets a module (two-sided and RDMA).
+    let attempts: &[(bool, bool)] = if one_sided {
+        &[(true, true), (true, false), (false, true), (false, false)]
+    } else {
+        &[(false, false)]
+    };
+    let mut failures = Vec::new();
+    let mut opened = None;
+    for &(atomics, delivery) in attempts {
+        let hints = make_hints(atomics, delivery)
+            .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?;
+        match common::open_domain(DomainRequest {
+            component: "btl",
+            hints,
+            threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+        }) {
+            Ok(d) => {
+                opened = Some((d, atomics, delivery));
+                break;
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    let Some((domain, atomics, delivery)) = opened else {
+        failures.dedup();
+        return Err(failures.join("; "));
+    };
+    let info = domain.info();
+    let provider = info.provider_name().to_string();
+    let mr_mode = info.mr_mode();
+    let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
+    let dom = domain.domain().clone();
+    let cq = CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
+    let av = AddressVector::open(
+        &dom,
+        &AvAttr {
+            av_type: fi::FI_AV_TABLE,
+            count: world.max(1) as usize,
+        },
+    )
+    .or_else(|_| {
+        AddressVector::open(
+            &dom,
+            &AvAttr {
+                av_type: fi::FI_AV_UNSPEC,
+                count: world.max(1) as usize,
+            },
+        )
+    })
+    .map_err(|x| e("fi_av_open", x))?;
+    let ep = Endpoint::open(&dom, Some(info)).map_err(|x| e("fi_endpoint", x))?;
+    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
+        .map_err(|x| e("fi_ep_bind(cq)", x))?;
+    ep.bind_av(&av).map_err(|x| e("fi_ep_bind(av)", x))?;
+    ep.enable().map_err(|x| e("fi_enable", x))?;
+    let ep = Arc::new(ep);
+    let name = ep.getname().map_err(|x| e("fi_getname", x))?;
+    modex::send(component(), &name)
+        .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
+
+    let atomic_flags = if atomics {
+        query_atomics(dom.as_ptr())
+    } else {
+        0
+    };
+    let inject_size = info.inject_size();
+    let max_msg = info.max_msg_size();
+    let caps = info.caps();
+
+    // The module: the template (with the user's values) plus what this provider allows.
+    // SAFETY: the template was registered above and is only read here.
+    let mut sup = unsafe { *template };
+    fill_table(&mut sup);
+    sup.btl_component = super::component::mca_btl_ofi_component.get();
+    sup.btl_max_send_size = sup
+        .btl_max_send_size
+        .clamp(1, max_msg.saturating_sub(HDR).max(1));
+    sup.btl_eager_limit = sup.btl_eager_limit.clamp(1, sup.btl_max_send_size);
+    sup.btl_rndv_eager_limit = sup.btl_rndv_eager_limit.min(sup.btl_eager_limit);
+    let mut capable = sys::MCA_BTL_FLAGS_SEND_INPLACE;
+    if two_sided {
+        capable |= sys::MCA_BTL_FLAGS_SEND;
+    }
+    if one_sided {
+        capable |= sys::MCA_BTL_FLAGS_RDMA | sys::MCA_BTL_FLAGS_RDMA_FLUSH;
+        if atomic_flags & !sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT != 0 {
+            capable |= sys::MCA_BTL_FLAGS_ATOMIC_OPS | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
+        }
+    }
+    // Open MPI 4.1's flag enumerator loses "atomics" when it round-trips the default
+    // ("fetching-atomics" contains it): fetching atomics imply the plain ones.
+    if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_FOPS != 0 {
+        sup.btl_flags |= sys::MCA_BTL_FLAGS_ATOMIC_OPS;
+    }
+    sup.btl_flags &= capable;
+    sup.btl_atomic_flags = if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_OPS != 0 {
+        atomic_flags
+    } else {
+        0
+    };
+    if sup.btl_flags & sys::MCA_BTL_FLAGS_SEND == 0 {
+        sup.btl_alloc = None;
+        sup.btl_free = None;
+        sup.btl_prepare_src = None;
+        sup.btl_send = None;
+        sup.btl_sendi = None;
+    }
+    if sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA == 0 {
+        sup.btl_put = None;
+        sup.btl_get = None;
+        sup.btl_register_mem = None;
+        sup.btl_deregister_mem = None;
+        sup.btl_flush = None;
+        sup.btl_registration_handle_size = 0;
+    }
+    if sup.btl_flags & sys::MCA_BTL_FLAGS_ATOMIC_OPS == 0 {
+        sup.btl_atomic_op = None;
+        sup.btl_atomic_fop = None;
+        sup.btl_atomic_cswap = None;
+    }
+    sup.btl_get_limit = if sup.btl_get_limit == 0 {
+        max_msg
+    } else {
+        sup.btl_get_limit.min(max_msg)
+    };
+    sup.btl_put_limit = if sup.btl_put_limit == 0 {
+        max_msg
+    } else {
+        sup.btl_put_limit.min(max_msg)
+    };
+    let mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
+    let threshold = if mr_local { 0 } else { usize::MAX };
+    sup.btl_get_local_registration_threshold = threshold;
+    sup.btl_put_local_registration_threshold = threshold;
+
+    let mut access = 0u64;
+    if caps & fi::FI_MSG as u64 != 0 {
+        access |= (fi::FI_SEND | fi::FI_RECV) as u64;
+    }
+    if caps & (fi::FI_RMA | fi::FI_ATOMIC) as u64 != 0 {
+        access |= (fi::FI_READ | fi::FI_WRITE | fi::FI_REMOTE_READ | fi::FI_REMOTE_WRITE) as u64;
+    }
+    let release_events = common::monitor::Monitor::outcome()
+        .and_then(|o| o.ok())
+        .is_some_and(|o| o.release_events);
+    let max_entries = param(idx::RCACHE_MAX_ENTRIES).max(0) as usize;
+    let max_bytes = lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.size(idx::RCACHE_MAX_BYTES))
+        .unwrap_or(0);
+    if !release_events && max_entries > 0 {
+        log::info!(
+            "memory release events do not reach this library: the registration cache is disabled"
+        );
+    }
+    let cache = Cache::new(max_entries, max_bytes, release_events);
+    let rcache_sub = if cache.enabled() {
+        match release::subscribe(rcache::release_cb, Arc::as_ptr(cache.slots()) as usize) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                return Err(format!(
+                    "cannot subscribe the registration cache to memory releases: {e}"
+                ))
+            }
+        }
+    } else {
+        None
+    };
+
+    let frag_payload = sup.btl_max_send_size;
+    let module = Box::new(Module {
+        sup,
+        st: State {
+            ep,
+            cq,
+            av,
+            fi_lock: FiLock {
+                enabled: mpi_threads && domain.threading() != fi::FI_THREAD_SAFE,
+                m: Mutex::new(()),
+            },
+            provider: provider.clone(),
+            two_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
+            one_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA != 0,
+            mr_local,
+            mr_endpoint: mr_mode & fi::FI_MR_ENDPOINT != 0,
+            virt_addr: mr_mode & fi::FI_MR_VIRT_ADDR != 0,
+            prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,
+            mr_access: access,
+            inject_size,
+            frag_payload,
+            num_cq_read: num_cq_read as usize,
+            progress_threshold: param(idx::PROGRESS_THRESHOLD).max(0) as usize,
+            frags: Mutex::new(Vec::new()),
+            pending: Mutex::new(VecDeque::new()),
+            has_pending: AtomicBool::new(false),
+            recv_bufs: Mutex::new(Vec::new()),
+            peers: Mutex::new(Vec::new()),
+            rdma_outstanding: AtomicUsize::new(0),
+            send_outstanding: AtomicUsize::new(0),
+            rcache: Mutex::new(cache),
+            rcache_sub,
+            error_cb: Mutex::new(None),
+            in_progress: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            cq_errors: AtomicU64::new(0),
+            ops: Default::default(),
+            next_key: AtomicU64::new(1),
+            domain: Some(domain),
+        },
+    });
+    let mp = Box::into_raw(module);
+    if two_sided {
+        // SAFETY: mp is our fresh module.
+        if let Err(err) = unsafe { am::post_receives(mp, rd_num as usize) } {
+            // SAFETY: nothing else knows mp yet.
+            unsafe { destroy(mp) };
+            return Err(format!("posting receive buffers on {provider}: {err}"));
+        }
+    }
+    MODULE.store(mp, Ordering::Release);
+    // SAFETY: Open MPI frees the module array with free().
+    let arr = unsafe { libc::malloc(std::mem::size_of::<*mut sys::mca_btl_base_module_t>()) }
+        as *mut *mut sys::mca_btl_base_module_t;
+    if arr.is_null() {
+        finalize();
+        return Err("out of memory".into());
+    }
+    // SAFETY: arr has room for one pointer.
+    unsafe { *arr = mp as *mut sys::mca_btl_base_module_t };
+    MODULE_ARRAY.store(arr, Ordering::Release);
+    // SAFETY: mp is live.
+    let m = unsafe { &(*mp).sup };
+    log::info!(
+        "provider {provider}: {}{}, mr_mode {:#x}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
+        match (two_sided, one_sided) {
+            (true, true) => "active messages and RDMA",
+            (true, false) => "active messages only",
+            _ => "RDMA only",
+        },
+        if delivery { " (delivery-complete)" } else { "" },
+        mr_mode,
+        m.btl_eager_limit,
+        m.btl_max_send_size,
+        m.btl_atomic_flags,
+        if atomics { "" } else { " (provider has no atomics)" },
+        if all_local { ", local communication only" } else { "" },
+    );
+    Ok((arr, 1))
+}
+
+/// Read and dispatch completions of the module. Returns how many were handled.
+pub(crate) fn progress_module(mp: *mut Module) -> usize {
+    // SAFETY: mp is the live module (MODULE or the argument of a module entry).
+    let st = unsafe { &(*mp).st };
+    if st.in_progress.swap(true, Ordering::Acquire) {
+        // Re-entered from a callback: the outer call keeps draining, in order.
+        return 0;
+    }
+    let mut total = 0usize;
+    if st.has_pending.load(Ordering::Relaxed) {
+        am::drain_pending(mp);
+    }
+    const CHUNK: usize = 64;
+    let mut entries = [fi::fi_cq_tagged_entry::default(); CHUNK];
+    loop {
+        let want = CHUNK.min(st.num_cq_read - total.min(st.num_cq_read)).max(1);
+        let r = st.fi(|| st.cq.read(&mut entries[..want]));
+        match r {
+            Ok(n) => {
+                for e in &entries[..n] {
+                    // SAFETY: every operation we post carries the Ctx of a live op.
+                    unsafe { dispatch(mp, e.op_context, e.len, 0) };
+                }
+                total += n;
+                if n < want || total >= st.num_cq_read {
+                    break;
+                }
+            }
+            Err(err) if err == crate::fabric::Error::AVAIL => {
+                let entry = st.fi(|| st.cq.readerr());
+                match entry {
+                    Ok(Some(ce)) => {
+                        st.cq_errors.fetch_add(1, Ordering::Relaxed);
+                        if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32
+                        {
+                            log::debug!(
+                                "completion error on {}: {}",
+                                st.provider,
+                                st.cq.strerror(&ce)
+                            );
+                        }
+                        // SAFETY: as above.
+                        unsafe { dispatch(mp, ce.op_context, ce.len, ce.err) };
+                        total += 1;
+                    }
+                    _ => break,
+                }
+            }
+            Err(err) => {
+                if err != crate::fabric::Error::AGAIN {
+                    log::debug!("fi_cq_read on {}: {err}", st.provider);
+                }
+                break;
+            }
+        }
+    }
+    if total > 0 && st.has_pending.load(Ordering::Relaxed) {
+        am::drain_pending(mp);
+    }
+    st.in_progress.store(false, Ordering::Release);
+    total
+}
+
+/// Route one completion (`err` 0 on success, else the positive FI_E* code).
+///
+/// # Safety
+/// `ctx` is the context of an operation posted by this module.
+unsafe fn dispatch(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: every context we post starts with a Ctx header (see am::Ctx).
+    let kind = unsafe { (*(ctx as *const am::Ctx)).kind };
+    // SAFETY: forwarded: the kind names the containing operation.
+    unsafe {
+        match kind {
+            am::Kind::Send => am::send_complete(mp, ctx, err),
+            am::Kind::Recv => am::recv_complete(mp, ctx, len, err),
+            am::Kind::Rdma => rdma::rdma_complete(mp, ctx, err),
+        }
+    }
+}
+
+/// Component progress.
+pub fn progress() -> i32 {
+    let mp = MODULE.load(Ordering::Acquire);
+    if mp.is_null() {
+        return 0;
+    }
+    let n = progress_module(mp);
+    // SAFETY: mp is live; sweep closes invalidated registrations from a normal context.
+    let st = unsafe { &(*mp).st };
+    if let Ok(mut c) = st.rcache.try_lock() {
+        c.sweep();
+    }
+    n as i32
+}
+
+extern "C" fn add_procs(
+    btl: *mut sys::mca_btl_base_module_t,
+    nprocs: usize,
+    procs: *mut *mut sys::opal_proc_t,
+    endpoints: *mut *mut sys::mca_btl_base_endpoint_t,
+    reachable: *mut sys::opal_bitmap_t,
+) -> c_int {
+    ffi_guard("btl add_procs", sys::OPAL_ERROR, || {
+        if nprocs == 0 || procs.is_null() || endpoints.is_null() {
+            return sys::OPAL_SUCCESS;
+        }
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*(btl as *mut Module)).st };
+        // SAFETY: Open MPI passes nprocs procs and nprocs endpoint slots.
+        let (procs, eps) = unsafe {
+            (
+                std::slice::from_raw_parts(procs, nprocs),
+                std::slice::from_raw_parts_mut(endpoints, nprocs),
+            )
+        };
+        let mut peers = lock(&st.peers);
+        for (i, &p) in procs.iter().enumerate() {
+            // SAFETY: each peer pointer in our list is live until del_procs.
+            if let Some(&known) = peers.iter().find(|&&pe| unsafe { (*pe).proc_ } == p) {
+                eps[i] = known as *mut _;
+            } else {
+                // SAFETY: p is a live opal_proc_t.
+                let name = unsafe { &(*p).proc_name };
+                let addr = match modex::recv(component(), name) {
+                    Ok(a) if !a.is_empty() => a,
+                    _ => continue, // the peer does not run this BTL: unreachable
+                };
+                let fiaddr = match st.av.insert(&addr) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        log::warn!("fi_av_insert of a peer's address on {}: {e}", st.provider);
+                        continue;
+                    }
+                };
+                let pe = Box::into_raw(Box::new(PeerEp {
+                    addr: fiaddr,
+                    proc_: p,
+                }));
+                peers.push(pe);
+                eps[i] = pe as *mut _;
+            }
+            if !reachable.is_null() {
+                // SAFETY: reachable is a bitmap of at least nprocs bits.
+                unsafe { sys::opal_bitmap_set_bit(reachable, i as c_int) };
+            }
+        }
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn del_procs(
+    btl: *mut sys::mca_btl_base_module_t,
+    nprocs: usize,
+    _procs: *mut *mut sys::opal_proc_t,
+    endpoints: *mut *mut sys::mca_btl_base_endpoint_t,
+) -> c_int {
+    ffi_guard("btl del_procs", sys::OPAL_ERROR, || {
+        if nprocs == 0 || endpoints.is_null() {
+            return sys::OPAL_SUCCESS;
+        }
+        // SAFETY: btl is our module; endpoints holds nprocs entries.
+        let (st, eps) = unsafe {
+            (
+                &(*(btl as *mut Module)).st,
+                std::slice::from_raw_parts(endpoints, nprocs),
+            )
+        };
+        let mut peers = lock(&st.peers);
+        for &e in eps {
+            if let Some(pos) = peers
+                .iter()
+                .position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e)
+            {
+                let p = peers.swap_remove(pos);
+                // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn register_error(
+    btl: *mut sys::mca_btl_base_module_t,
+    cb: sys::mca_btl_base_module_error_cb_fn_t,
+) -> c_int {
+    ffi_guard("btl register_error", sys::OPAL_ERROR, || {
+        // SAFETY: btl is our module.
+        *lock(unsafe { &(*(btl as *mut Module)).st.error_cb }) = cb;
+        sys::OPAL_SUCCESS
+    })
+}
+
+/// Wait until every RDMA and atomic operation posted so far has completed.
+extern "C" fn flush(
+    btl: *mut sys::mca_btl_base_module_t,
+    _ep: *mut sys::mca_btl_base_endpoint_t,
+) -> c_int {
+    ffi_guard("btl flush", sys::OPAL_ERROR, || {
+        let mp = btl as *mut Module;
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*mp).st };
+        while st.rdma_outstanding.load(Ordering::Acquire) > 0 {
+            if progress_module(mp) == 0 {
+                // Another thread (or an outer frame) may be progressing: let Open MPI run.
+                // SAFETY: plain call.
+                unsafe { sys::opal_progress() };
+            }
+        }
+        sys::OPAL_SUCCESS
+    })
+}
+
+extern "C" fn finalize_cb(_btl: *mut sys::mca_btl_base_module_t) -> c_int {
+    ffi_guard("btl finalize", sys::OPAL_ERROR, || {
+        finalize();
+        sys::OPAL_SUCCESS
+    })
+}
+
+/// Free a module that was never published.
+///
+/// # Safety
+/// `mp` came from `Box::into_raw` and nobody else uses it.
+unsafe fn destroy(mp: *mut Module) {
+    // SAFETY: forwarded contract.
+    let mut module = unsafe { Box::from_raw(mp) };
+    let st = &mut module.st;
+    st.closing.store(true, Ordering::Release);
+    if let Some(id) = st.rcache_sub.take() {
+        release::unsubscribe(id);
+    }
+    let stats = lock(&st.rcache).stats();
+    log::info!("registration cache: {stats}");
+    let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    log::info!(
+        "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
+         {} sends and {} RDMA operations outstanding",
+        ops[0],
+        ops[1],
+        ops[2],
+        ops[3],
+        ops[4],
+        st.cq_errors.load(Ordering::Relaxed),
+        st.send_outstanding.load(Ordering::Relaxed),
+        st.rdma_outstanding.load(Ordering::Relaxed)
+    );
+    // The endpoint first (it cancels the posted receives), then the memory behind them.
+    let recv_bufs = std::mem::take(&mut *lock(&st.recv_bufs));
+    let frags = std::mem::take(&mut *lock(&st.frags));
+    let pending = std::mem::take(&mut *lock(&st.pending));
+    let peers = std::mem::take(&mut *lock(&st.peers));
+    lock(&st.rcache).clear();
+    let State {
+        ep, cq, av, domain, ..
+    } = module.st;
+    drop(ep);
+    drop(cq);
+    drop(av);
+    for b in recv_bufs {
+        // SAFETY: the endpoint is closed: no receive uses the buffer any more.
+        unsafe { am::free_recv_buf(b) };
+    }
+    for f in frags.into_iter().chain(pending) {
+        // SAFETY: free-listed or never-posted fragments are ours.
+        unsafe { am::free_frag_memory(f) };
+    }
+    for p in peers {
+        // SAFETY: from Box::into_raw in add_procs.
+        drop(unsafe { Box::from_raw(p) });
+    }
+    drop(domain);
+}
+
+/// Tear the module down (idempotent). No sleep: the endpoint close discards whatever
+/// is still in flight.
+pub fn finalize() {
+    let mp = MODULE.swap(ptr::null_mut(), Ordering::AcqRel);
+    if !mp.is_null() {
+        // SAFETY: unpublished above; Open MPI no longer calls the module.
+        unsafe { destroy(mp) };
+    }
+    // The array itself is freed by Open MPI's btl base.
+    MODULE_ARRAY.store(ptr::null_mut(), Ordering::Release);
+}
+
+/// The registration cache's counters of the running module.
+pub fn rcache_stats() -> Option<rcache::Stats> {
+    let mp = MODULE.load(Ordering::Acquire);
+    // SAFETY: mp is null or live.
+    unsafe { mp.as_ref() }.map(|m| lock(&m.st.rcache).stats())
+}
+
+/// The registration of a handle we returned (local use only).
+///
+/// # Safety
+/// `h` is null or a handle returned by our `register_mem`.
+#[inline]
+pub unsafe fn local_desc(h: *mut sys::mca_btl_base_registration_handle_t) -> *mut c_void {
+    if h.is_null() {
+        ptr::null_mut()
+    } else {
+        // SAFETY: our handles point to a Registration (its first field is the Handle).
+        unsafe { (*(h as *const Registration)).desc }
+    }
+}

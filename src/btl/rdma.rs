@@ -1,0 +1,608 @@
+//! RDMA and atomics: `put`, `get`, `atomic_op`, `atomic_fop`, `atomic_cswap`, and
+//! `register_mem`/`deregister_mem` through the registration cache.
+//!
+//! Addressing: the registration handle a peer receives is [`Handle`] (the key and the
+//! base the target address is relative to). With `FI_MR_VIRT_ADDR` the base is 0 and
+//! the virtual address goes on the wire; otherwise the operation carries the offset
+//! into the region. With `FI_MR_PROV_KEY` the key is the provider's; otherwise ours
+//! (a per-process counter). With `FI_MR_LOCAL` the local side passes the descriptor of
+//! the local handle, registering the local buffer on the fly when the caller has none.
+//!
+//! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
+
+use super::am::{Ctx, Kind};
+use super::module::{lock, progress_module, Module, PeerEp, State};
+use super::rcache::{Acquired, Ticket};
+use crate::fabric::{Error, MemoryRegion};
+use crate::ompi::component::ffi_guard;
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::Ordering;
+
+/// What a peer needs to reach a registration (sent by value to peers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Handle {
+    pub key: u64,
+    /// Subtracted from the target address: 0 with FI_MR_VIRT_ADDR, else the region base.
+    pub base: u64,
+}
+
+/// What `register_mem` returns: the handle first, then what only the owner needs.
+#[repr(C)]
+pub struct Registration {
+    pub handle: Handle,
+    pub desc: *mut c_void,
+    ticket: Ticket,
+    /// The region when not cached (else the cache owns it).
+    own: Option<MemoryRegion>,
+}
+
+/// BTL atomic op -> libfabric op, for the operations the BTL interface defines.
+pub const ATOMIC_OPS: [(u32, fi::fi_op); 10] = [
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_ADD, fi::FI_SUM),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_AND, fi::FI_BAND),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_OR, fi::FI_BOR),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_XOR, fi::FI_BXOR),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_LAND, fi::FI_LAND),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_LOR, fi::FI_LOR),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_LXOR, fi::FI_LXOR),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_SWAP, fi::FI_ATOMIC_WRITE),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_MIN, fi::FI_MIN),
+    (sys::MCA_BTL_ATOMIC_SUPPORTS_MAX, fi::FI_MAX),
+];
+
+/// The support bit and libfabric op of a BTL atomic op.
+fn map_op(op: sys::mca_btl_base_atomic_op_t) -> Option<(u32, fi::fi_op)> {
+    let i = match op {
+        sys::MCA_BTL_ATOMIC_ADD => 0,
+        sys::MCA_BTL_ATOMIC_AND => 1,
+        sys::MCA_BTL_ATOMIC_OR => 2,
+        sys::MCA_BTL_ATOMIC_XOR => 3,
+        sys::MCA_BTL_ATOMIC_LAND => 4,
+        sys::MCA_BTL_ATOMIC_LOR => 5,
+        sys::MCA_BTL_ATOMIC_LXOR => 6,
+        sys::MCA_BTL_ATOMIC_SWAP => 7,
+        sys::MCA_BTL_ATOMIC_MIN => 8,
+        sys::MCA_BTL_ATOMIC_MAX => 9,
+        _ => return None,
+    };
+    Some(ATOMIC_OPS[i])
+}
+
+/// One RDMA or atomic operation in flight.
+#[repr(C)]
+pub struct RdmaOp {
+    ctx: Ctx,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+    /// Operands live here until the completion (not injected).
+    operand: u64,
+    compare: u64,
+    /// A local registration made for this operation (FI_MR_LOCAL without a handle).
+    temp: *mut Registration,
+}
+
+/// Completion of an RDMA or atomic operation.
+///
+/// # Safety
+/// `ctx` is the Ctx of a live RdmaOp of this module.
+pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
+    // SAFETY: Ctx is RdmaOp's first field; the op came from Box::into_raw.
+    let op = unsafe { Box::from_raw(ctx as *mut RdmaOp) };
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    if !op.temp.is_null() {
+        // SAFETY: a registration we made for this operation.
+        unsafe { deregister(st, op.temp) };
+    }
+    let status = if err == 0 {
+        sys::OPAL_SUCCESS
+    } else {
+        Error(err).to_opal()
+    };
+    if let Some(cb) = op.cbfunc {
+        // SAFETY: the caller's callback with its own arguments.
+        unsafe {
+            cb(
+                mp as *mut _,
+                op.endpoint,
+                op.local_address,
+                op.local_handle,
+                op.cbcontext,
+                op.cbdata,
+                status,
+            )
+        };
+    }
+    st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Register (or find in the cache) `[base, base + len)`.
+fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
+    let mut cache = lock(&st.rcache);
+    let virt = st.virt_addr;
+    let res = cache.acquire(base as usize, len, st.mr_access, |b, l| {
+        // SAFETY: Open MPI registers memory it keeps mapped until deregister_mem; a
+        // release of it before then invalidates the entry (release callback).
+        unsafe { st.register(b as *const c_void, l) }
+    });
+    let reg = match res {
+        Ok(Acquired::Cached(i, mr)) => Registration {
+            handle: Handle {
+                key: mr.key().unwrap_or(0),
+                base: if virt { 0 } else { mr.addr() as u64 },
+            },
+            desc: mr.desc(),
+            ticket: Ticket::Cached(i),
+            own: None,
+        },
+        Ok(Acquired::Uncached(mr)) => Registration {
+            handle: Handle {
+                key: mr.key().unwrap_or(0),
+                base: if virt { 0 } else { mr.addr() as u64 },
+            },
+            desc: mr.desc(),
+            ticket: Ticket::Uncached,
+            own: Some(mr),
+        },
+        Err(e) => {
+            log::warn!(
+                "fi_mr_reg of {len} bytes at {base:p} on {}: {e}",
+                st.provider
+            );
+            return None;
+        }
+    };
+    Some(Box::into_raw(Box::new(reg)))
+}
+
+/// Give a registration back.
+///
+/// # Safety
+/// `r` came from [`register`] and is no longer used by any operation.
+unsafe fn deregister(st: &State, r: *mut Registration) {
+    // SAFETY: caller's contract.
+    let reg = unsafe { Box::from_raw(r) };
+    if let Ticket::Cached(i) = reg.ticket {
+        let closed = lock(&st.rcache).release(i);
+        drop(closed);
+    }
+    drop(reg);
+}
+
+pub(crate) extern "C" fn btl_register_mem(
+    btl: *mut sys::mca_btl_base_module_t,
+    _ep: *mut sys::mca_btl_base_endpoint_t,
+    base: *mut c_void,
+    size: usize,
+    _flags: u32,
+) -> *mut sys::mca_btl_base_registration_handle_t {
+    ffi_guard("btl register_mem", ptr::null_mut(), || {
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*(btl as *mut Module)).st };
+        let r = register(st, base, size).map_or(ptr::null_mut(), |r| {
+            r as *mut sys::mca_btl_base_registration_handle_t
+        });
+        publish_stats(st);
+        r
+    })
+}
+
+pub(crate) extern "C" fn btl_deregister_mem(
+    btl: *mut sys::mca_btl_base_module_t,
+    h: *mut sys::mca_btl_base_registration_handle_t,
+) -> c_int {
+    ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
+        if !h.is_null() {
+            // SAFETY: btl is our module; h came from our register_mem.
+            unsafe { deregister(&(*(btl as *mut Module)).st, h as *mut Registration) };
+        }
+        // SAFETY: btl is our module.
+        publish_stats(unsafe { &(*(btl as *mut Module)).st });
+        sys::OPAL_SUCCESS
+    })
+}
+
+/// Publish the cache counters in `btl_ofi_rcache_stats` (read-only, for MPI_T readers).
+fn publish_stats(st: &State) {
+    let stats = lock(&st.rcache).stats();
+    if let Some(p) = lock(&super::component::PARAMS).as_ref() {
+        p.set_status(crate::ompi::params::btl::RCACHE_STATS, &stats.to_string());
+    }
+}
+
+/// Everything an RDMA entry point receives, bundled.
+struct Req {
+    mp: *mut Module,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_address: u64,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+}
+
+/// Prepare an operation context, post it with `post(op, desc, dest, raddr, key)`,
+/// retrying once after progress on -FI_EAGAIN (then OUT_OF_RESOURCE: the caller retries).
+fn run(
+    r: Req,
+    kind: usize,
+    local_len: usize,
+    operand: u64,
+    compare: u64,
+    post: impl Fn(&State, *mut RdmaOp, *mut c_void, fi::fi_addr_t, u64, u64) -> Result<(), Error>,
+) -> c_int {
+    // SAFETY: mp is our module.
+    let st = unsafe { &(*r.mp).st };
+    if r.endpoint.is_null() || r.remote_handle.is_null() {
+        return sys::OPAL_ERR_BAD_PARAM;
+    }
+    // SAFETY: the endpoint came from add_procs; the remote handle holds a Handle
+    // (copied from the peer's registration).
+    let (dest, rh) = unsafe {
+        (
+            (*(r.endpoint as *mut PeerEp)).addr,
+            ptr::read_unaligned(r.remote_handle as *const Handle),
+        )
+    };
+    let raddr = r.remote_address.wrapping_sub(rh.base);
+    let mut temp = ptr::null_mut();
+    // SAFETY: local_handle is null or ours.
+    let mut desc = unsafe { super::module::local_desc(r.local_handle) };
+    if desc.is_null() && st.mr_local && local_len > 0 && !r.local_address.is_null() {
+        match register(st, r.local_address, local_len) {
+            Some(t) => {
+                temp = t;
+                // SAFETY: t is a live registration.
+                desc = unsafe { (*t).desc };
+            }
+            None => return sys::OPAL_ERR_OUT_OF_RESOURCE,
+        }
+    }
+    let op = Box::into_raw(Box::new(RdmaOp {
+        ctx: Ctx::new(Kind::Rdma),
+        endpoint: r.endpoint,
+        local_address: r.local_address,
+        local_handle: r.local_handle,
+        cbfunc: r.cbfunc,
+        cbcontext: r.cbcontext,
+        cbdata: r.cbdata,
+        operand,
+        compare,
+        temp,
+    }));
+    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let mut res = post(st, op, desc, dest, raddr, rh.key);
+    if res == Err(Error::AGAIN) {
+        progress_module(r.mp);
+        res = post(st, op, desc, dest, raddr, rh.key);
+    }
+    match res {
+        Ok(()) => {
+            st.ops[kind].fetch_add(1, Ordering::Relaxed);
+            st.maybe_progress(r.mp);
+            sys::OPAL_SUCCESS
+        }
+        Err(e) => {
+            st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+            // SAFETY: not posted: still ours.
+            let op = unsafe { Box::from_raw(op) };
+            if !op.temp.is_null() {
+                // SAFETY: made above, unused.
+                unsafe { deregister(st, op.temp) };
+            }
+            if e == Error::AGAIN {
+                sys::OPAL_ERR_OUT_OF_RESOURCE
+            } else {
+                log::warn!("posting an RDMA/atomic operation on {}: {e}", st.provider);
+                e.to_opal()
+            }
+        }
+    }
+}
+
+#[inline]
+fn ctx_of(op: *mut RdmaOp) -> *mut c_void {
+    op as *mut c_void
+}
+
+#[inline]
+fn posted(ret: isize) -> Result<(), Error> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(Error::from_ret(ret))
+    }
+}
+
+pub(crate) extern "C" fn btl_put(
+    btl: *mut sys::mca_btl_base_module_t,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    remote_address: u64,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    size: usize,
+    _flags: c_int,
+    _order: c_int,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    ffi_guard("btl put", sys::OPAL_ERROR, || {
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
+            // SAFETY: the local buffer and the remote region stay valid until the
+            // completion (the BTL contract); op lives until then.
+            st.fi(|| unsafe {
+                st.ep
+                    .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
+            })
+        })
+    })
+}
+
+pub(crate) extern "C" fn btl_get(
+    btl: *mut sys::mca_btl_base_module_t,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    remote_address: u64,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    size: usize,
+    _flags: c_int,
+    _order: c_int,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    ffi_guard("btl get", sys::OPAL_ERROR, || {
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
+            // SAFETY: as in put.
+            st.fi(|| unsafe {
+                st.ep
+                    .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
+            })
+        })
+    })
+}
+
+fn datatype(flags: c_int) -> Result<(fi::fi_datatype, usize), c_int> {
+    if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
+        return Err(sys::OPAL_ERR_NOT_AVAILABLE);
+    }
+    Ok(if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
+        (fi::FI_INT32, 4)
+    } else {
+        (fi::FI_INT64, 8)
+    })
+}
+
+fn supported(btl: *mut sys::mca_btl_base_module_t, bit: u32, width: usize) -> bool {
+    // SAFETY: btl is our module.
+    let f = unsafe { (*btl).btl_atomic_flags };
+    f & bit != 0 && (width == 8 || f & sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT != 0)
+}
+
+pub(crate) extern "C" fn btl_atomic_op(
+    btl: *mut sys::mca_btl_base_module_t,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    remote_address: u64,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    op: sys::mca_btl_base_atomic_op_t,
+    operand: u64,
+    flags: c_int,
+    _order: c_int,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    ffi_guard("btl atomic_op", sys::OPAL_ERROR, || {
+        let (dt, width) = match datatype(flags) {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        let Some((bit, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
+            return sys::OPAL_ERR_NOT_AVAILABLE;
+        };
+        let _ = bit;
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address: ptr::null_mut(),
+            local_handle: ptr::null_mut(),
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(r, 2, 0, operand, 0, |st, o, _desc, dest, raddr, key| {
+            // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
+            // are the 32-bit value) until the completion.
+            let buf = unsafe { &raw const (*o).operand } as *const c_void;
+            st.fi(|| {
+                posted(unsafe {
+                    fi::fi_atomic(
+                        st.ep.as_ptr(),
+                        buf,
+                        1,
+                        ptr::null_mut(),
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx_of(o),
+                    )
+                })
+            })
+        })
+    })
+}
+
+pub(crate) extern "C" fn btl_atomic_fop(
+    btl: *mut sys::mca_btl_base_module_t,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    remote_address: u64,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    op: sys::mca_btl_base_atomic_op_t,
+    operand: u64,
+    flags: c_int,
+    _order: c_int,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    ffi_guard("btl atomic_fop", sys::OPAL_ERROR, || {
+        let (dt, width) = match datatype(flags) {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
+            return sys::OPAL_ERR_NOT_AVAILABLE;
+        };
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(r, 3, width, operand, 0, |st, o, desc, dest, raddr, key| {
+            // SAFETY: operand in the op, result in the caller's registered buffer; both
+            // live until the completion.
+            let buf = unsafe { &raw const (*o).operand } as *const c_void;
+            st.fi(|| {
+                // SAFETY: see above; the endpoint is open and calls are serialised by fi.
+                posted(unsafe {
+                    fi::fi_fetch_atomic(
+                        st.ep.as_ptr(),
+                        buf,
+                        1,
+                        ptr::null_mut(),
+                        local_address,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx_of(o),
+                    )
+                })
+            })
+        })
+    })
+}
+
+pub(crate) extern "C" fn btl_atomic_cswap(
+    btl: *mut sys::mca_btl_base_module_t,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    remote_address: u64,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    compare: u64,
+    value: u64,
+    flags: c_int,
+    _order: c_int,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    ffi_guard("btl atomic_cswap", sys::OPAL_ERROR, || {
+        let (dt, width) = match datatype(flags) {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
+            return sys::OPAL_ERR_NOT_AVAILABLE;
+        }
+        let r = Req {
+            mp: btl as *mut Module,
+            endpoint,
+            local_address,
+            local_handle,
+            remote_address,
+            remote_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+        };
+        run(
+            r,
+            4,
+            width,
+            value,
+            compare,
+            |st, o, desc, dest, raddr, key| {
+                // SAFETY: value and compare live in the op, the result in the caller's
+                // registered buffer, until the completion.
+                let (buf, cmp) = unsafe {
+                    (
+                        &raw const (*o).operand as *const c_void,
+                        &raw const (*o).compare as *const c_void,
+                    )
+                };
+                st.fi(|| {
+                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
+                    posted(unsafe {
+                        fi::fi_compare_atomic(
+                            st.ep.as_ptr(),
+                            buf,
+                            1,
+                            ptr::null_mut(),
+                            cmp,
+                            ptr::null_mut(),
+                            local_address,
+                            desc,
+                            dest,
+                            raddr,
+                            key,
+                            dt,
+                            fi::FI_CSWAP,
+                            ctx_of(o),
+                        )
+                    })
+                })
+            },
+        )
+    })
+}
