@@ -149,6 +149,11 @@ fn main() {
             }
         }
     }
+    // Open MPI's headers inline 128-bit compare-and-swap (opal_lifo, used by the free
+    // lists behind ompi_message_alloc); Open MPI itself is built with -mcx16.
+    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        cc.flag("-mcx16");
+    }
     cc.flag_if_supported("-fvisibility=hidden").warnings(true).extra_warnings(true).flag("-Wno-unused-parameter");
     cc.compile("opal_glue");
 }

@@ -41,3 +41,58 @@ void ompi_ofi_glue_obj_release(void *obj)
     opal_object_t *o = (opal_object_t *) obj;
     OBJ_RELEASE(o);
 }
+
+/* ---- MTL helpers: static inline lookups of Open MPI 4.1 ---- */
+#include "ompi/communicator/communicator.h"
+#include "ompi/proc/proc.h"
+#include "ompi/message/message.h"
+#include "opal/datatype/opal_convertor.h"
+#include "opal/datatype/opal_datatype.h"
+
+/* ompi_comm_peer_lookup: the proc of `rank` in the communicator's remote group. */
+ompi_proc_t *ompi_ofi_glue_comm_peer(ompi_communicator_t *comm, int rank)
+{
+    return ompi_comm_peer_lookup(comm, rank);
+}
+
+/* The size of the communicator's remote group. */
+int ompi_ofi_glue_comm_remote_size(ompi_communicator_t *comm)
+{
+    return ompi_comm_remote_size(comm);
+}
+
+/* What the MTL needs to know about a convertor: base address, packed size, whether the
+ * data is one contiguous block (then *contig_start is where it begins, including the
+ * datatype's true lower bound, which is what MPI_BOTTOM with absolute addresses needs),
+ * and whether packing needs a separate buffer. */
+void ompi_ofi_glue_convertor_info(opal_convertor_t *conv, size_t *packed_size,
+                                  int *contiguous, char **contig_start, int *need_buffers)
+{
+    opal_convertor_get_packed_size(conv, packed_size);
+    *need_buffers = opal_convertor_need_buffers(conv) ? 1 : 0;
+    *contiguous = 0;
+    *contig_start = NULL;
+    if (NULL != conv->pDesc && !(conv->flags & CONVERTOR_COMPLETED) &&
+        opal_datatype_is_contiguous_memory_layout(conv->pDesc, conv->count)) {
+        *contiguous = 1;
+        *contig_start = (char *) conv->pBaseBuf + conv->pDesc->true_lb;
+    }
+}
+
+/* ompi_message_alloc: a message handle for MPI_Mprobe/Improbe. */
+ompi_message_t *ompi_ofi_glue_message_alloc(void)
+{
+    return ompi_message_alloc();
+}
+
+/* ompi_message_return: give a message handle back. */
+void ompi_ofi_glue_message_return(ompi_message_t *msg)
+{
+    ompi_message_return(msg);
+}
+
+/* The process name of a proc (for the modex). */
+const opal_process_name_t *ompi_ofi_glue_proc_name(ompi_proc_t *proc)
+{
+    return &proc->super.proc_name;
+}

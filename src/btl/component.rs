@@ -9,7 +9,7 @@ use std::sync::Mutex;
 #[no_mangle]
 pub static mca_btl_ofi_component: Exported<sys::mca_btl_base_component_3_0_0_t> =
     Exported::new(sys::mca_btl_base_component_3_0_0_t {
-        btl_version: base_component("opal", "btl", (3, 1, 0), Some(open), Some(close), Some(register)),
+        btl_version: base_component("opal", "btl", (3, 1, 0), Some(open), Some(close), Some(register), None),
         btl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
         btl_init: Some(init),
         btl_progress: Some(progress),

@@ -45,3 +45,24 @@ pub fn close_output() {
         output::fini();
     }
 }
+
+pub mod locality;
+pub mod select;
+pub mod shared;
+
+pub use shared::{open_domain, Decline, DomainHandle, DomainRequest};
+
+/// Before the first `fi_getinfo`: apply a monitor choice that libfabric reads at its
+/// initialisation. (Filled in by the memory monitor.)
+pub(crate) fn monitor_prepare(_choice: &str) -> Result<(), Decline> {
+    Ok(())
+}
+
+/// After the first `fi_getinfo`, before the first `fi_domain`: export Open MPI's
+/// hooks into libfabric (once per process).
+pub(crate) fn monitor_setup(_choice: &str) -> Result<(), Decline> {
+    Ok(())
+}
+
+/// After the last domain closed.
+pub(crate) fn monitor_teardown() {}

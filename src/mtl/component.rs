@@ -9,7 +9,7 @@ use std::sync::Mutex;
 #[no_mangle]
 pub static mca_mtl_ofi_component: Exported<sys::mca_mtl_base_component_2_0_0_t> =
     Exported::new(sys::mca_mtl_base_component_2_0_0_t {
-        mtl_version: base_component("ompi", "mtl", (2, 0, 0), Some(open), Some(close), Some(register)),
+        mtl_version: base_component("ompi", "mtl", (2, 0, 0), Some(open), Some(close), Some(register), Some(query)),
         mtl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
         mtl_init: Some(init),
     });
@@ -27,6 +27,19 @@ extern "C" fn register() -> i32 {
         let reg = Registered::register(MTL, Owner::Component(component_ptr()));
         *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
         common::register_params(component_ptr());
+        sys::OPAL_SUCCESS
+    })
+}
+
+/// mca_base_select asks for a priority and a module; pml cm then calls `mtl_init`.
+extern "C" fn query(module: *mut *mut sys::mca_base_module_t, priority: *mut i32) -> i32 {
+    ffi_guard("mtl query", sys::OPAL_ERROR, || {
+        let prio = PARAMS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.int(crate::ompi::params::mtl::PRIORITY)).unwrap_or(25);
+        // SAFETY: Open MPI passes valid out pointers.
+        unsafe {
+            *priority = prio as i32;
+            *module = super::setup::module_ptr() as *mut sys::mca_base_module_t;
+        }
         sys::OPAL_SUCCESS
     })
 }

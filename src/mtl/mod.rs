@@ -1,12 +1,15 @@
 //! The OFI MTL: tagged messaging under pml cm.
+//!
+//! `component` is the exported component, `setup` builds and tears down the module,
+//! `datapath` is the tagged data path, `tag` the 64-bit tag layouts.
 pub mod component;
+pub mod datapath;
+pub mod setup;
+pub mod tag;
 
-use ompi_sys as sys;
-
-/// Build the MTL module, or say why not.
-pub fn init_module(_progress_threads: bool, _mpi_threads: bool) -> Result<*mut sys::mca_mtl_base_module_t, String> {
-    Err("the tagged data path is not implemented yet".into())
-}
+pub use setup::init_module;
 
 /// Release everything at component close.
-pub fn finalize_component() {}
+pub fn finalize_component() {
+    setup::finalize();
+}

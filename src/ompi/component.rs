@@ -49,6 +49,7 @@ pub const fn base_component(
     open: sys::mca_base_open_component_1_0_0_fn_t,
     close: sys::mca_base_close_component_1_0_0_fn_t,
     register: sys::mca_base_register_component_params_2_0_0_fn_t,
+    query: sys::mca_base_query_component_2_0_0_fn_t,
 ) -> sys::mca_base_component_t {
     sys::mca_base_component_t {
         mca_major_version: 2,
@@ -68,7 +69,7 @@ pub const fn base_component(
         mca_component_release_version: VERSION.2,
         mca_open_component: open,
         mca_close_component: close,
-        mca_query_component: None,
+        mca_query_component: query,
         mca_register_component_params: register,
         mca_component_flags: 0,
         reserved: [0; 28],

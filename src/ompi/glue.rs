@@ -16,4 +16,16 @@ unsafe extern "C" {
         size: *mut usize,
     ) -> c_int;
     pub fn ompi_ofi_glue_free(p: *mut c_void);
+    pub fn ompi_ofi_glue_comm_peer(comm: *mut sys::ompi_communicator_t, rank: c_int) -> *mut sys::ompi_proc_t;
+    pub fn ompi_ofi_glue_comm_remote_size(comm: *mut sys::ompi_communicator_t) -> c_int;
+    pub fn ompi_ofi_glue_convertor_info(
+        conv: *mut sys::opal_convertor_t,
+        packed_size: *mut usize,
+        contiguous: *mut c_int,
+        contig_start: *mut *mut std::os::raw::c_char,
+        need_buffers: *mut c_int,
+    );
+    pub fn ompi_ofi_glue_message_alloc() -> *mut sys::ompi_message_t;
+    pub fn ompi_ofi_glue_message_return(msg: *mut sys::ompi_message_t);
+    pub fn ompi_ofi_glue_proc_name(p: *mut sys::ompi_proc_t) -> *const sys::opal_process_name_t;
 }

@@ -1,0 +1,175 @@
+//! The shared fabric and domain: one per process for the BTL and the MTL when their
+//! needs are compatible, reference counted, and the order of the memory monitor
+//! around them (set up after the first `fi_getinfo` and before the first `fi_domain`,
+//! torn down after the last domain closes).
+//!
+//! What it owns: the list of open domains and the count of handles. It must not know
+//! what the components do with their domains.
+
+use super::select::{self, Selection};
+use crate::fabric::{Domain, Error, Fabric, Hints, InfoRef, OwnedInfo};
+use crate::ompi::params::common as idx;
+use libfabric_sys as fi;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+/// What a component asks of the common layer.
+pub struct DomainRequest {
+    /// "btl" or "mtl", for messages.
+    pub component: &'static str,
+    pub hints: Hints,
+    /// If nothing matches `hints`, try again with this threading level.
+    pub threading_fallback: Option<fi::fi_threading>,
+}
+
+/// Why a component declines, in words for the user.
+#[derive(Debug, Clone)]
+pub struct Decline(pub String);
+
+impl fmt::Display for Decline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct Shared {
+    domain: Arc<Domain>,
+    info: OwnedInfo,
+}
+
+/// A component's reference to a shared domain. Dropping the last handle closes the
+/// domain and then tears the memory monitor down.
+pub struct DomainHandle {
+    /// Dropped by hand in `Drop`, before the monitor may be torn down.
+    shared: std::mem::ManuallyDrop<Arc<Shared>>,
+    /// The entry selected for this component (its endpoint is opened from it).
+    info: OwnedInfo,
+}
+
+impl DomainHandle {
+    /// The entry selected for this component.
+    pub fn info(&self) -> InfoRef<'_> {
+        self.info.info()
+    }
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.shared.domain
+    }
+    pub fn threading(&self) -> fi::fi_threading {
+        self.shared.domain.threading()
+    }
+}
+
+struct Registry {
+    domains: Vec<Weak<Shared>>,
+    handles: usize,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { domains: Vec::new(), handles: 0 });
+
+fn lock() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for DomainHandle {
+    fn drop(&mut self) {
+        let mut reg = lock();
+        reg.handles = reg.handles.saturating_sub(1);
+        // The domain closes here if we held the last reference.
+        // SAFETY: `shared` is dropped exactly once, here, and never used afterwards.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.shared) };
+        reg.domains.retain(|w| w.strong_count() > 0);
+        if reg.handles == 0 {
+            drop(reg);
+            super::monitor_teardown();
+        }
+    }
+}
+
+fn list_param(p: &crate::ompi::params::Registered, i: usize) -> Option<Vec<String>> {
+    p.string(i).map(|s| select::parse_list(&s)).filter(|v| !v.is_empty())
+}
+
+/// Select a provider for `req`, set up the memory monitor, and open (or share) the
+/// domain. On failure the component declines with the returned message.
+pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
+    let (include, mut exclude, exclude_set, monitor_choice, rejected) = super::with_params(|p| {
+        (
+            list_param(p, idx::PROVIDER_INCLUDE),
+            list_param(p, idx::PROVIDER_EXCLUDE),
+            p.is_set(idx::PROVIDER_EXCLUDE),
+            p.enum_name(idx::MEMORY_MONITOR).unwrap_or("auto").to_string(),
+            p.rejected.clone(),
+        )
+    })
+    .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
+    if !rejected.is_empty() {
+        return Err(Decline(format!("invalid MCA parameter values: {}", rejected.join("; "))));
+    }
+    if include.is_some() && exclude.is_some() {
+        if exclude_set {
+            log::warn!("{}", select::both_set_warning());
+        }
+        exclude = None;
+    }
+
+    // libfabric reads its monitor choice when it initialises (first fi_getinfo).
+    super::monitor_prepare(&monitor_choice)?;
+
+    // SAFETY: opal_process_info is initialised by opal_init before components run.
+    let local_rank = unsafe { ompi_sys::opal_process_info.my_local_rank }.max(0) as u32;
+    let locality = super::locality::pci_distance;
+    let mut selection = select::select_provider(&req.hints, include.as_deref(), exclude.as_deref(), local_rank, Some(&locality));
+    if matches!(selection, Err(Error::NODATA)) {
+        if let Some(t) = req.threading_fallback {
+            let hints = req
+                .hints
+                .try_clone()
+                .map_err(|e| Decline(format!("cannot copy fi_info hints: {e}")))?
+                .threading(t);
+            selection = select::select_provider(&hints, include.as_deref(), exclude.as_deref(), local_rank, Some(&locality));
+        }
+    }
+    let sel: Selection = selection.map_err(|e| {
+        Decline(match e {
+            Error::NODATA => format!(
+                "no OFI provider offers what the {} needs{}{}",
+                req.component,
+                include.as_ref().map(|i| format!(", among opal_common_ofi_provider_include={}", i.join(","))).unwrap_or_default(),
+                exclude.as_ref().map(|x| format!(", after opal_common_ofi_provider_exclude={}", x.join(","))).unwrap_or_default(),
+            ),
+            e => format!("fi_getinfo failed: {e}"),
+        })
+    })?;
+
+    // After the first fi_getinfo, before the first fi_domain.
+    super::monitor_setup(&monitor_choice)?;
+
+    let mut reg = lock();
+    reg.domains.retain(|w| w.strong_count() > 0);
+    let chosen = sel.info.info();
+    let found = reg.domains.iter().filter_map(|w| w.upgrade()).find(|s| {
+        let i = s.info.info();
+        i.provider_name() == chosen.provider_name()
+            && i.fabric_name() == chosen.fabric_name()
+            && i.domain_name() == chosen.domain_name()
+            && i.caps() & chosen.caps() == chosen.caps()
+            && i.mr_mode() == chosen.mr_mode()
+            && s.domain.threading() == chosen.threading()
+    });
+    let shared = match found {
+        Some(s) => {
+            log::info!("{}: sharing the domain {} opened by the other component", req.component, chosen.domain_name());
+            s
+        }
+        None => {
+            let fabric = Fabric::open(chosen).map_err(|e| Decline(format!("fi_fabric on {}: {e}", sel.provider)))?;
+            let domain = Domain::open(&fabric, chosen).map_err(|e| Decline(format!("fi_domain on {}: {e}", sel.provider)))?;
+            let info = chosen.to_owned().map_err(|e| Decline(format!("fi_dupinfo: {e}")))?;
+            let s = Arc::new(Shared { domain, info });
+            reg.domains.push(Arc::downgrade(&s));
+            s
+        }
+    };
+    reg.handles += 1;
+    Ok(DomainHandle { shared: std::mem::ManuallyDrop::new(shared), info: sel.info })
+}

@@ -1,0 +1,1145 @@
+//! The tagged data path: the `extern "C"` entries of the MTL module and the
+//! completion handling behind them.
+//!
+//! What it owns: the request layout the PML allocates for us, the progress loop, the
+//! synchronous-send protocol and the probe/claim path. What it must not touch: object
+//! setup and teardown (`setup.rs`), provider selection (`common`).
+//!
+//! Threading: every call into the endpoint and the completion queue holds
+//! [`Mtl::lock`] (a real mutex only when MPI threads are enabled and the provider is
+//! not `FI_THREAD_SAFE`). Completions are read under the lock and dispatched after it
+//! is released, because a completion may post (the acknowledgement of a synchronous
+//! send) or call into the PML.
+
+use super::tag::{Proto, TagLayout};
+use crate::ompi::glue;
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::mem::offset_of;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
+/// A mutex that is taken only when it must be.
+pub struct MaybeLock {
+    enabled: bool,
+    m: Mutex<()>,
+}
+
+impl MaybeLock {
+    pub fn new(enabled: bool) -> Self {
+        MaybeLock { enabled, m: Mutex::new(()) }
+    }
+    #[inline]
+    pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
+        if self.enabled {
+            Some(self.m.lock().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            None
+        }
+    }
+}
+
+/// The per-process MTL state the data path reads. Built by `setup.rs`.
+pub struct Mtl {
+    pub ep: *mut fi::fid_ep,
+    pub cq: *mut fi::fid_cq,
+    pub layout: TagLayout,
+    pub inject_size: usize,
+    /// `FI_DIRECTED_RECV` is in effect: named-source receives pass the source address.
+    pub directed: bool,
+    pub events_per_progress: usize,
+    pub lock: MaybeLock,
+    pub sync_ids: AtomicU32,
+    pub counters: Counters,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub cq_errors: AtomicU64,
+    pub eagain: AtomicU64,
+}
+
+// SAFETY: the raw fid pointers are only used under `lock` when the provider's
+// threading level requires it (see setup.rs, which chooses the lock from the
+// negotiated FI_THREAD_* level); the objects live until finalize.
+unsafe impl Send for Mtl {}
+// SAFETY: as above.
+unsafe impl Sync for Mtl {}
+
+/// The running MTL of this process (null before init and after finalize).
+pub static MTL: AtomicPtr<Mtl> = AtomicPtr::new(ptr::null_mut());
+
+#[inline]
+fn mtl() -> Option<&'static Mtl> {
+    let p = MTL.load(Ordering::Acquire);
+    // SAFETY: MTL points to a leaked Box that finalize frees only after the PML has
+    // stopped calling us (mtl_finalize is the last call of the module).
+    unsafe { p.as_ref() }
+}
+
+/// What kind of operation a request's context belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Kind {
+    /// A send the PML waits for (isend, or a blocking send on our stack).
+    Send,
+    /// A receive of the PML's.
+    Recv,
+    /// The receive of a synchronous send's acknowledgement (heap, owned by us).
+    Ack,
+    /// A peek (probe) on our stack.
+    Probe,
+    /// A claim receive after an mprobe (heap, owned by the message).
+    Claim,
+}
+
+/// The MTL request: the PML allocates `mtl_request_size` bytes after its
+/// `mca_mtl_request_t`, which is this struct's first field. Internal operations
+/// (acknowledgements, probes, claims, blocking sends) use the same layout.
+#[repr(C)]
+pub struct Request {
+    pub sup: sys::mca_mtl_request_t,
+    /// Handed to libfabric as the operation context (FI_CONTEXT/FI_CONTEXT2 room).
+    pub ctx: fi::fi_context2,
+    pub kind: Kind,
+    /// Completions still expected before the request is complete.
+    pub pending: AtomicI32,
+    pub status: Status,
+    pub comm: *mut sys::ompi_communicator_t,
+    pub convertor: *mut sys::opal_convertor_t,
+    /// Where the data is received into (user memory, or a pack buffer we own).
+    pub buffer: *mut u8,
+    pub length: usize,
+    pub owns_buffer: bool,
+    /// The parent of an acknowledgement receive.
+    pub parent: *mut Request,
+    /// Probe result: found, and the matched tag/data/length.
+    pub probe_found: bool,
+    pub matched_tag: u64,
+    pub matched_data: u64,
+    /// Cancel bookkeeping for receives.
+    pub cancel_requested: bool,
+}
+
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Status {
+    pub source: c_int,
+    pub tag: c_int,
+    pub error: c_int,
+    pub cancelled: bool,
+    pub count: usize,
+}
+
+/// Bytes the PML must reserve after its request for us.
+pub const REQUEST_EXTRA: usize = std::mem::size_of::<Request>() - std::mem::size_of::<sys::mca_mtl_request_t>();
+
+impl Request {
+    /// Initialise every field but `sup` (which the PML filled in) in place.
+    ///
+    /// # Safety
+    /// `r` must point to `size_of::<Request>()` writable bytes.
+    unsafe fn init(r: *mut Request, kind: Kind, comm: *mut sys::ompi_communicator_t) {
+        // SAFETY: the caller guarantees the memory; we write each field without
+        // reading the (uninitialised) old value.
+        unsafe {
+            ptr::addr_of_mut!((*r).ctx).write(std::mem::zeroed());
+            ptr::addr_of_mut!((*r).kind).write(kind);
+            ptr::addr_of_mut!((*r).pending).write(AtomicI32::new(0));
+            ptr::addr_of_mut!((*r).status).write(Status::default());
+            ptr::addr_of_mut!((*r).comm).write(comm);
+            ptr::addr_of_mut!((*r).convertor).write(ptr::null_mut());
+            ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
+            ptr::addr_of_mut!((*r).length).write(0);
+            ptr::addr_of_mut!((*r).owns_buffer).write(false);
+            ptr::addr_of_mut!((*r).parent).write(ptr::null_mut());
+            ptr::addr_of_mut!((*r).probe_found).write(false);
+            ptr::addr_of_mut!((*r).matched_tag).write(0);
+            ptr::addr_of_mut!((*r).matched_data).write(0);
+            ptr::addr_of_mut!((*r).cancel_requested).write(false);
+        }
+    }
+
+    /// A fully owned internal request on the heap or the stack.
+    fn internal(kind: Kind, comm: *mut sys::ompi_communicator_t) -> Request {
+        let mut r = std::mem::MaybeUninit::<Request>::uninit();
+        // SAFETY: r has room for a Request; sup is set right after.
+        unsafe {
+            Request::init(r.as_mut_ptr(), kind, comm);
+            ptr::addr_of_mut!((*r.as_mut_ptr()).sup).write(sys::mca_mtl_request_t {
+                ompi_req: ptr::null_mut(),
+                completion_callback: None,
+            });
+            r.assume_init()
+        }
+    }
+
+    #[inline]
+    fn ctx_ptr(&mut self) -> *mut c_void {
+        ptr::addr_of_mut!(self.ctx) as *mut c_void
+    }
+
+    /// The request an operation context belongs to.
+    ///
+    /// # Safety
+    /// `ctx` must be the `ctx` field of a live Request.
+    #[inline]
+    unsafe fn from_ctx(ctx: *mut c_void) -> *mut Request {
+        // SAFETY: forwarded; ctx lies offset_of!(Request, ctx) bytes into it.
+        unsafe { (ctx as *mut u8).sub(offset_of!(Request, ctx)) as *mut Request }
+    }
+
+    /// Publish the status to the PML's request and tell the PML it is complete.
+    ///
+    /// # Safety
+    /// `r` must be a live PML request (sup.ompi_req set).
+    unsafe fn complete_to_pml(r: *mut Request) {
+        // SAFETY: forwarded; the PML's ompi_request_t outlives the MTL request.
+        unsafe {
+            let st = (*r).status;
+            let oreq = (*r).sup.ompi_req;
+            if !oreq.is_null() {
+                let s = &mut (*oreq).req_status;
+                s.MPI_SOURCE = st.source;
+                s.MPI_TAG = st.tag;
+                s.MPI_ERROR = st.error;
+                s._ucount = st.count;
+                s._cancelled = st.cancelled as c_int;
+            }
+            if let Some(cb) = (*r).sup.completion_callback {
+                cb(ptr::addr_of_mut!((*r).sup));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Peers
+
+/// What add_procs stores in `proc_endpoints[OMPI_PROC_ENDPOINT_TAG_MTL]`.
+#[repr(C)]
+pub struct PeerEndpoint {
+    pub addr: fi::fi_addr_t,
+}
+
+/// The fabric address of `rank` in `comm`, adding the proc if it was not yet known.
+#[inline]
+fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_addr_t, c_int> {
+    // SAFETY: comm is a live communicator the PML passed; the glue resolves sentinels.
+    let proc_ = unsafe { glue::ompi_ofi_glue_comm_peer(comm, rank) };
+    if proc_.is_null() {
+        return Err(sys::OMPI_ERR_BAD_PARAM);
+    }
+    // SAFETY: proc_ is a live ompi_proc_t.
+    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] } as *mut PeerEndpoint;
+    if !ep.is_null() {
+        // SAFETY: we stored a PeerEndpoint there.
+        return Ok(unsafe { (*ep).addr });
+    }
+    let mut procs = [proc_];
+    super::setup::add_procs_inner(&mut procs)?;
+    // SAFETY: as above, now filled in by add_procs.
+    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] } as *mut PeerEndpoint;
+    if ep.is_null() {
+        Err(sys::OMPI_ERR_UNREACH)
+    } else {
+        // SAFETY: as above.
+        Ok(unsafe { (*ep).addr })
+    }
+}
+
+#[inline]
+fn comm_cid(comm: *mut sys::ompi_communicator_t) -> u32 {
+    // SAFETY: comm is a live communicator.
+    unsafe { (*comm).c_contextid }
+}
+
+#[inline]
+fn comm_rank(comm: *mut sys::ompi_communicator_t) -> c_int {
+    // SAFETY: comm is a live communicator.
+    unsafe { (*comm).c_my_rank }
+}
+
+// ---------------------------------------------------------------------------
+// Data: the convertor
+
+/// What the data path needs to know about a convertor.
+struct ConvInfo {
+    /// Packed size in bytes.
+    size: usize,
+    /// Start of the data when it is one contiguous block (with the datatype's true
+    /// lower bound applied, so MPI_BOTTOM with absolute addresses works).
+    contig: Option<*mut u8>,
+}
+
+#[inline]
+fn convertor_info(conv: *mut sys::opal_convertor_t) -> ConvInfo {
+    let (mut size, mut contig, mut start, mut need) = (0usize, 0 as c_int, ptr::null_mut(), 0 as c_int);
+    // SAFETY: conv is a prepared convertor from the PML; the outputs are valid.
+    unsafe { glue::ompi_ofi_glue_convertor_info(conv, &mut size, &mut contig, &mut start, &mut need) };
+    ConvInfo { size, contig: (contig != 0).then_some(start as *mut u8) }
+}
+
+struct SendData {
+    ptr: *const u8,
+    len: usize,
+    owned: bool,
+}
+
+impl Drop for SendData {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: owned buffers come from libc::malloc in pack().
+            unsafe { libc::free(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+/// The bytes of a send: the user's memory when contiguous, else packed.
+fn pack(conv: *mut sys::opal_convertor_t) -> Result<SendData, c_int> {
+    let ConvInfo { size, contig } = convertor_info(conv);
+    if size == 0 {
+        return Ok(SendData { ptr: ptr::null(), len: 0, owned: false });
+    }
+    if let Some(start) = contig {
+        return Ok(SendData { ptr: start, len: size, owned: false });
+    }
+    // SAFETY: plain allocation; checked for null.
+    let buf = unsafe { libc::malloc(size) } as *mut u8;
+    if buf.is_null() {
+        return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+    }
+    let mut iov = libc::iovec { iov_base: buf as *mut c_void, iov_len: size };
+    let mut count: u32 = 1;
+    let mut max = size;
+    // SAFETY: iov describes `size` writable bytes.
+    let rc = unsafe { sys::opal_convertor_pack(conv, &mut iov as *mut _ as *mut sys::iovec, &mut count, &mut max) };
+    if rc < 0 {
+        // SAFETY: allocated above.
+        unsafe { libc::free(buf as *mut c_void) };
+        return Err(sys::OMPI_ERROR);
+    }
+    Ok(SendData { ptr: buf, len: size, owned: true })
+}
+
+/// Where a receive lands: the user's memory when contiguous, else a buffer we unpack.
+fn recv_buffer(conv: *mut sys::opal_convertor_t) -> Result<(*mut u8, usize, bool), c_int> {
+    let ConvInfo { size, contig } = convertor_info(conv);
+    if size == 0 {
+        return Ok((ptr::null_mut(), 0, false));
+    }
+    if let Some(start) = contig {
+        return Ok((start, size, false));
+    }
+    // SAFETY: plain allocation; checked for null.
+    let buf = unsafe { libc::malloc(size) } as *mut u8;
+    if buf.is_null() {
+        return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+    }
+    Ok((buf, size, true))
+}
+
+/// Unpack `len` received bytes from our buffer into the user's datatype.
+fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
+    if len == 0 || conv.is_null() {
+        return;
+    }
+    let mut iov = libc::iovec { iov_base: buf as *mut c_void, iov_len: len };
+    let mut count: u32 = 1;
+    let mut max = len;
+    // SAFETY: buf holds len received bytes; the convertor writes at most its own
+    // packed size into user memory.
+    unsafe { sys::opal_convertor_unpack(conv, &mut iov as *mut _ as *mut sys::iovec, &mut count, &mut max) };
+}
+
+// ---------------------------------------------------------------------------
+// Progress
+
+/// Read and dispatch completions. Returns how many were handled.
+pub fn progress_mtl(m: &Mtl) -> usize {
+    const CHUNK: usize = 32;
+    let mut total = 0usize;
+    loop {
+        // SAFETY: fi_cq_tagged_entry is plain data; zeroed is a valid value.
+        let mut entries: [fi::fi_cq_tagged_entry; CHUNK] = unsafe { std::mem::zeroed() };
+        let want = CHUNK.min(m.events_per_progress.saturating_sub(total)).max(1);
+        let (n, err) = {
+            let _g = m.lock.lock();
+            // SAFETY: the CQ is open; entries has room for `want` tagged entries.
+            let ret = unsafe { fi::fi_cq_read(m.cq, entries.as_mut_ptr() as *mut c_void, want) };
+            if ret == -(fi::FI_EAVAIL as isize) {
+                // SAFETY: zeroed is a valid fi_cq_err_entry; err_data stays null so the
+                // provider gives its own buffer.
+                let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
+                // SAFETY: CQ open, e valid.
+                let r = unsafe { fi::fi_cq_readerr(m.cq, &mut e, 0) };
+                (0, if r >= 0 { Some(e) } else { None })
+            } else if ret < 0 {
+                (0, None)
+            } else {
+                (ret as usize, None)
+            }
+        };
+        for e in &entries[..n] {
+            // SAFETY: every operation we post carries the ctx of a live Request.
+            unsafe { on_completion(m, e) };
+        }
+        total += n;
+        if let Some(e) = err {
+            total += 1;
+            // SAFETY: as above.
+            unsafe { on_error(m, &e) };
+            continue;
+        }
+        if n < want || total >= m.events_per_progress {
+            return total;
+        }
+    }
+}
+
+/// The progress callback registered with Open MPI.
+pub extern "C" fn progress_cb() -> c_int {
+    match mtl() {
+        Some(m) => progress_mtl(m) as c_int,
+        None => 0,
+    }
+}
+
+/// Spin on progress until `done` holds.
+#[inline]
+fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
+    while !done() {
+        if progress_mtl(m) == 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Retry `op` while it returns -FI_EAGAIN, progressing between attempts (flow control).
+#[inline]
+fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
+    loop {
+        let ret = {
+            let _g = m.lock.lock();
+            op()
+        };
+        if ret != -(fi::FI_EAGAIN as isize) {
+            return ret;
+        }
+        m.counters.eagain.fetch_add(1, Ordering::Relaxed);
+        progress_mtl(m);
+    }
+}
+
+fn fi_to_ompi(ret: isize) -> c_int {
+    crate::fabric::Error::from_ret(ret).to_opal()
+}
+
+/// # Safety
+/// `e.op_context` must be the ctx of a live Request.
+unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
+    if e.op_context.is_null() {
+        return;
+    }
+    // SAFETY: forwarded.
+    let r = unsafe { Request::from_ctx(e.op_context) };
+    // SAFETY: r is live until we complete it.
+    let kind = unsafe { (*r).kind };
+    match kind {
+        Kind::Send => {
+            // SAFETY: r is live.
+            unsafe { finish_part(r) };
+        }
+        Kind::Ack => {
+            // SAFETY: an Ack request is a Box we leaked when posting; its parent is a
+            // live send request waiting for it.
+            unsafe {
+                let parent = (*r).parent;
+                drop(Box::from_raw(r));
+                finish_part(parent);
+            }
+        }
+        Kind::Recv => {
+            // SAFETY: r is a live receive.
+            unsafe { recv_done(m, r, e.tag, e.data, e.len, e.flags, sys::MPI_SUCCESS as c_int) };
+        }
+        Kind::Claim => {
+            // SAFETY: r is a live claim receive (on the heap, owned by a message).
+            unsafe {
+                (*r).matched_tag = e.tag;
+                (*r).matched_data = e.data;
+                (*r).status.count = e.len;
+                if m.layout.proto(e.tag) == Proto::Sync {
+                    send_ack(m, (*r).comm, m.layout.source(e.tag, e.data), m.layout.sync_id(e.data));
+                }
+                (*r).pending.store(0, Ordering::Release);
+            }
+        }
+        Kind::Probe => {
+            // SAFETY: r is a live probe on its caller's stack.
+            unsafe {
+                (*r).probe_found = true;
+                (*r).matched_tag = e.tag;
+                (*r).matched_data = e.data;
+                (*r).status.count = e.len;
+                (*r).pending.store(0, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// One expected completion of `r` arrived; complete it when it was the last.
+///
+/// # Safety
+/// `r` must be live.
+unsafe fn finish_part(r: *mut Request) {
+    // SAFETY: forwarded.
+    unsafe {
+        if (*r).pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if (*r).owns_buffer {
+                libc::free((*r).buffer as *mut c_void);
+                (*r).owns_buffer = false;
+            }
+            if !(*r).sup.ompi_req.is_null() {
+                Request::complete_to_pml(r);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `r` must be a live receive request.
+unsafe fn recv_done(m: &Mtl, r: *mut Request, tag: u64, data: u64, len: usize, flags: u64, error: c_int) {
+    let l = &m.layout;
+    // SAFETY: forwarded.
+    unsafe {
+        let source = l.source(tag, data);
+        (*r).status.source = source;
+        (*r).status.tag = l.mpi_tag(tag);
+        (*r).status.error = error;
+        (*r).status.count = len.min((*r).length);
+        if l.proto(tag) == Proto::Sync && flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+            send_ack(m, (*r).comm, source, l.sync_id(data));
+        }
+        if (*r).owns_buffer {
+            unpack((*r).convertor, (*r).buffer, (*r).status.count);
+            libc::free((*r).buffer as *mut c_void);
+            (*r).buffer = ptr::null_mut();
+            (*r).owns_buffer = false;
+        }
+        Request::complete_to_pml(r);
+    }
+}
+
+/// Tell the sender of a synchronous send that it was matched.
+fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32) {
+    let addr = match peer_addr(comm, source) {
+        Ok(a) => a,
+        Err(_) => {
+            log::error!("cannot acknowledge a synchronous send from rank {source}: unknown peer");
+            return;
+        }
+    };
+    let tag = m.layout.ack_tag(id);
+    let ret = retry(m, || {
+        // SAFETY: a zero-byte inject carries no buffer; the endpoint is open.
+        unsafe { fi::fi_tinject(m.ep, ptr::null(), 0, addr, tag) }
+    });
+    if ret < 0 {
+        log::error!("acknowledging a synchronous send to rank {source} failed: {}", crate::fabric::Error::from_ret(ret));
+    }
+}
+
+/// # Safety
+/// `e.op_context` must be null or the ctx of a live Request.
+unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
+    if e.op_context.is_null() {
+        m.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+        log::error!("completion error without context: {}", crate::fabric::Error(e.err));
+        return;
+    }
+    // SAFETY: forwarded.
+    let r = unsafe { Request::from_ctx(e.op_context) };
+    // SAFETY: r is live.
+    let kind = unsafe { (*r).kind };
+    let code = e.err as u32;
+    match kind {
+        Kind::Probe if code == fi::FI_ENOMSG => {
+            // SAFETY: live probe.
+            unsafe {
+                (*r).probe_found = false;
+                (*r).pending.store(0, Ordering::Release);
+            }
+        }
+        Kind::Recv if code == fi::FI_ETRUNC => {
+            // SAFETY: live receive; the provider wrote at most the posted length.
+            unsafe {
+                let len = (*r).length;
+                recv_done(m, r, e.tag, e.data, len, e.flags | fi::FI_REMOTE_CQ_DATA as u64, sys::MPI_ERR_TRUNCATE as c_int);
+            }
+        }
+        Kind::Recv if code == fi::FI_ECANCELED => {
+            // SAFETY: live receive, never matched.
+            unsafe {
+                (*r).status.cancelled = true;
+                (*r).status.error = sys::MPI_SUCCESS as c_int;
+                if (*r).owns_buffer {
+                    libc::free((*r).buffer as *mut c_void);
+                    (*r).owns_buffer = false;
+                }
+                Request::complete_to_pml(r);
+            }
+        }
+        _ => {
+            m.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "{kind:?} failed: {} (provider error {})",
+                crate::fabric::Error(e.err),
+                e.prov_errno
+            );
+            // SAFETY: r is live; each kind is completed the way its owner expects.
+            unsafe {
+                (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+                match kind {
+                    Kind::Send => {
+                        (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+                        // A failed send will not get its acknowledgement either.
+                        (*r).pending.store(1, Ordering::Release);
+                        finish_part(r);
+                    }
+                    Kind::Ack => {
+                        let parent = (*r).parent;
+                        drop(Box::from_raw(r));
+                        (*parent).status.error = sys::MPI_ERR_INTERN as c_int;
+                        finish_part(parent);
+                    }
+                    Kind::Recv => {
+                        if (*r).owns_buffer {
+                            libc::free((*r).buffer as *mut c_void);
+                            (*r).owns_buffer = false;
+                        }
+                        Request::complete_to_pml(r);
+                    }
+                    Kind::Claim | Kind::Probe => {
+                        (*r).pending.store(0, Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sends
+
+/// Post the send of `data` to `addr` with `tag`. For a synchronous send, first post
+/// the receive of its acknowledgement (so `r.pending` counts two completions).
+fn post_send(m: &Mtl, r: *mut Request, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator_t, tag: c_int, sync: bool) -> c_int {
+    let l = &m.layout;
+    let me = comm_rank(comm);
+    let cid = comm_cid(comm);
+    if sync {
+        let id = m.sync_ids.fetch_add(1, Ordering::Relaxed) & (l.sync_id_space() - 1) as u32;
+        let mut ack = Box::new(Request::internal(Kind::Ack, comm));
+        ack.parent = r;
+        let ctx = ack.ctx_ptr();
+        let ack_ptr = Box::into_raw(ack);
+        let ack_tag = l.ack_tag(id);
+        // SAFETY: r is live; two completions are expected from here on.
+        unsafe { (*r).pending.store(2, Ordering::Release) };
+        let ret = retry(m, || {
+            // SAFETY: zero-byte receive; ctx lives in a leaked Box until completion.
+            unsafe { fi::fi_trecv(m.ep, ptr::null_mut(), 0, ptr::null_mut(), FI_ADDR_UNSPEC, ack_tag, 0, ctx) }
+        });
+        if ret < 0 {
+            // SAFETY: the receive was not posted, so we still own the Box.
+            unsafe { drop(Box::from_raw(ack_ptr)) };
+            return fi_to_ompi(ret);
+        }
+        let bits = l.send_tag(cid, me, tag, Proto::Sync);
+        let cqd = l.cq_data(me, id);
+        // SAFETY: r is live.
+        let ctx = unsafe { (*r).ctx_ptr() };
+        let ret = retry(m, || {
+            // SAFETY: data stays valid until the send completes (the caller keeps it
+            // alive: the user buffer, or a pack buffer freed at completion).
+            unsafe { fi::fi_tsenddata(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), cqd, addr, bits, ctx) }
+        });
+        if ret < 0 {
+            // The acknowledgement receive stays posted and is reclaimed at finalize
+            // when the endpoint closes; the error goes to the caller.
+            return fi_to_ompi(ret);
+        }
+        return sys::OMPI_SUCCESS;
+    }
+    let bits = l.send_tag(cid, me, tag, Proto::Plain);
+    // SAFETY: r is live.
+    unsafe { (*r).pending.store(1, Ordering::Release) };
+    // SAFETY: r is live.
+    let ctx = unsafe { (*r).ctx_ptr() };
+    let ret = if l.source_in_data() {
+        let cqd = l.cq_data(me, 0);
+        retry(m, || {
+            // SAFETY: as above.
+            unsafe { fi::fi_tsenddata(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), cqd, addr, bits, ctx) }
+        })
+    } else {
+        retry(m, || {
+            // SAFETY: as above.
+            unsafe { fi::fi_tsend(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), addr, bits, ctx) }
+        })
+    };
+    if ret < 0 { fi_to_ompi(ret) } else { sys::OMPI_SUCCESS }
+}
+
+/// Send a small message with inject: no completion, the buffer is free on return.
+#[inline]
+fn inject(m: &Mtl, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator_t, tag: c_int) -> c_int {
+    let l = &m.layout;
+    let me = comm_rank(comm);
+    let bits = l.send_tag(comm_cid(comm), me, tag, Proto::Plain);
+    let ret = if l.source_in_data() {
+        let cqd = l.cq_data(me, 0);
+        retry(m, || {
+            // SAFETY: inject copies the data before returning.
+            unsafe { fi::fi_tinjectdata(m.ep, data.ptr as *const c_void, data.len, cqd, addr, bits) }
+        })
+    } else {
+        retry(m, || {
+            // SAFETY: as above.
+            unsafe { fi::fi_tinject(m.ep, data.ptr as *const c_void, data.len, addr, bits) }
+        })
+    };
+    if ret < 0 { fi_to_ompi(ret) } else { sys::OMPI_SUCCESS }
+}
+
+fn send_impl(comm: *mut sys::ompi_communicator_t, dest: c_int, tag: c_int, conv: *mut sys::opal_convertor_t, mode: sys::mca_pml_base_send_mode_t) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let addr = match peer_addr(comm, dest) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let data = match pack(conv) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
+    if !sync && data.len <= m.inject_size {
+        return inject(m, addr, &data, comm, tag);
+    }
+    let mut r = Request::internal(Kind::Send, comm);
+    let rp: *mut Request = &mut r;
+    let rc = post_send(m, rp, addr, &data, comm, tag, sync);
+    if rc != sys::OMPI_SUCCESS {
+        // If the synchronous send failed after its acknowledgement receive was
+        // posted, that receive can never match (no message went out); the endpoint
+        // reclaims it at finalize.
+        return rc;
+    }
+    wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
+    if r.status.error != 0 { r.status.error } else { sys::OMPI_SUCCESS }
+}
+
+fn isend_impl(
+    comm: *mut sys::ompi_communicator_t,
+    dest: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    mode: sys::mca_pml_base_send_mode_t,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let r = req as *mut Request;
+    // SAFETY: the PML allocated mtl_request_size bytes behind req.
+    unsafe { Request::init(r, Kind::Send, comm) };
+    let addr = match peer_addr(comm, dest) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let data = match pack(conv) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
+    if !sync && data.len <= m.inject_size {
+        let rc = inject(m, addr, &data, comm, tag);
+        if rc == sys::OMPI_SUCCESS {
+            // SAFETY: r is the PML's live request.
+            unsafe { Request::complete_to_pml(r) };
+        }
+        return rc;
+    }
+    if data.owned {
+        // The pack buffer must outlive the send: the request owns it from here and
+        // frees it when its last completion arrives (finish_part).
+        // SAFETY: r is live.
+        unsafe {
+            (*r).buffer = data.ptr as *mut u8;
+            (*r).owns_buffer = true;
+        }
+    }
+    let rc = post_send(m, r, addr, &data, comm, tag, sync);
+    if data.owned {
+        if rc != sys::OMPI_SUCCESS {
+            // Not posted: the request gives the buffer back to `data`, which frees it.
+            // SAFETY: r is live.
+            unsafe { (*r).owns_buffer = false };
+        } else {
+            std::mem::forget(data);
+        }
+    }
+    rc
+}
+
+// ---------------------------------------------------------------------------
+// Receives and probes
+
+fn irecv_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, conv: *mut sys::opal_convertor_t, req: *mut sys::mca_mtl_request_t) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let r = req as *mut Request;
+    // SAFETY: the PML allocated mtl_request_size bytes behind req.
+    unsafe { Request::init(r, Kind::Recv, comm) };
+    let mut addr = FI_ADDR_UNSPEC;
+    if src != sys::MPI_ANY_SOURCE && m.directed {
+        addr = match peer_addr(comm, src) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+    }
+    let (buf, len, owned) = match recv_buffer(conv) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    // SAFETY: r is live.
+    unsafe {
+        (*r).convertor = conv;
+        (*r).buffer = buf;
+        (*r).length = len;
+        (*r).owns_buffer = owned;
+    }
+    let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+    // SAFETY: r is live.
+    let ctx = unsafe { (*r).ctx_ptr() };
+    let ret = retry(m, || {
+        // SAFETY: buf is valid for len bytes until the receive completes (user memory
+        // the PML keeps alive, or our buffer freed at completion).
+        unsafe { fi::fi_trecv(m.ep, buf as *mut c_void, len, ptr::null_mut(), addr, bits, ignore, ctx) }
+    });
+    if ret < 0 {
+        if owned {
+            // SAFETY: not posted, still ours.
+            unsafe { libc::free(buf as *mut c_void) };
+        }
+        return fi_to_ompi(ret);
+    }
+    sys::OMPI_SUCCESS
+}
+
+/// Peek for a matching message; on success returns (tag bits, cq data, length).
+fn peek(m: &Mtl, comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int) -> Result<Option<(u64, u64, usize)>, c_int> {
+    let mut addr = FI_ADDR_UNSPEC;
+    if src != sys::MPI_ANY_SOURCE && m.directed {
+        addr = peer_addr(comm, src)?;
+    }
+    let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+    let mut r = Request::internal(Kind::Probe, comm);
+    r.pending.store(1, Ordering::Release);
+    let mut msg = fi::fi_msg_tagged {
+        msg_iov: ptr::null(),
+        desc: ptr::null_mut(),
+        iov_count: 0,
+        addr,
+        tag: bits,
+        ignore,
+        context: r.ctx_ptr(),
+        data: 0,
+    };
+    let ret = retry(m, || {
+        // SAFETY: a peek transfers no data; msg and r outlive the wait below.
+        unsafe { fi::fi_trecvmsg(m.ep, &mut msg, fi::FI_PEEK as u64) }
+    });
+    if ret < 0 {
+        return Err(fi_to_ompi(ret));
+    }
+    wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
+    if r.status.error != 0 {
+        return Err(r.status.error);
+    }
+    Ok(if r.probe_found { Some((r.matched_tag, r.matched_data, r.status.count)) } else { None })
+}
+
+fn fill_status(status: *mut sys::ompi_status_public_t, l: &TagLayout, bits: u64, data: u64, len: usize) {
+    if status.is_null() {
+        return;
+    }
+    // SAFETY: the PML passes a valid status (or null, handled above).
+    unsafe {
+        (*status).MPI_SOURCE = l.source(bits, data);
+        (*status).MPI_TAG = l.mpi_tag(bits);
+        (*status).MPI_ERROR = sys::MPI_SUCCESS as c_int;
+        (*status)._ucount = len;
+    }
+}
+
+fn iprobe_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, flag: *mut c_int, status: *mut sys::ompi_status_public_t) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    match peek(m, comm, src, tag) {
+        Ok(Some((bits, data, len))) => {
+            // SAFETY: flag is valid.
+            unsafe { *flag = 1 };
+            fill_status(status, &m.layout, bits, data, len);
+            sys::OMPI_SUCCESS
+        }
+        Ok(None) => {
+            // SAFETY: flag is valid.
+            unsafe { *flag = 0 };
+            sys::OMPI_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// A message matched by mprobe: received in full into our buffer, waiting for mrecv.
+struct Claimed {
+    req: Box<Request>,
+}
+
+fn improbe_impl(
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    flag: *mut c_int,
+    message: *mut *mut sys::ompi_message_t,
+    status: *mut sys::ompi_status_public_t,
+) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let found = match peek(m, comm, src, tag) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let Some((bits, data, len)) = found else {
+        // SAFETY: flag and message are valid out pointers.
+        unsafe {
+            *flag = 0;
+        }
+        return sys::OMPI_SUCCESS;
+    };
+    // Receive exactly that message now, so that no later receive can take it: same
+    // tag bits (communicator, source, tag, protocol) and, where the source does not
+    // travel in the tag, the same source address.
+    let source = m.layout.source(bits, data);
+    let mut addr = FI_ADDR_UNSPEC;
+    if m.layout.source_in_data() {
+        addr = match peer_addr(comm, source) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+    }
+    let buf = if len > 0 {
+        // SAFETY: plain allocation; checked.
+        let b = unsafe { libc::malloc(len) } as *mut u8;
+        if b.is_null() {
+            return sys::OMPI_ERR_OUT_OF_RESOURCE;
+        }
+        b
+    } else {
+        ptr::null_mut()
+    };
+    let mut req = Box::new(Request::internal(Kind::Claim, comm));
+    req.buffer = buf;
+    req.length = len;
+    req.owns_buffer = !buf.is_null();
+    req.pending.store(1, Ordering::Release);
+    let ctx = req.ctx_ptr();
+    let ret = retry(m, || {
+        // SAFETY: buf holds len bytes until the claim completes (we wait below).
+        unsafe { fi::fi_trecv(m.ep, buf as *mut c_void, len, ptr::null_mut(), addr, bits, 0, ctx) }
+    });
+    if ret < 0 {
+        if !buf.is_null() {
+            // SAFETY: not posted.
+            unsafe { libc::free(buf as *mut c_void) };
+        }
+        return fi_to_ompi(ret);
+    }
+    wait_until(m, || req.pending.load(Ordering::Acquire) <= 0);
+    if req.status.error != 0 {
+        return req.status.error;
+    }
+    let (mbits, mdata, mlen) = (req.matched_tag, req.matched_data, req.status.count);
+    // SAFETY: glue allocation from Open MPI's free list.
+    let msg = unsafe { glue::ompi_ofi_glue_message_alloc() };
+    if msg.is_null() {
+        return sys::OMPI_ERR_OUT_OF_RESOURCE;
+    }
+    let claimed = Box::new(Claimed { req });
+    // SAFETY: msg is a fresh message; flag/message/status valid.
+    unsafe {
+        (*msg).comm = comm;
+        (*msg).req_ptr = Box::into_raw(claimed) as *mut c_void;
+        (*msg).peer = m.layout.source(mbits, mdata);
+        (*msg).count = mlen;
+        *message = msg;
+        *flag = 1;
+    }
+    fill_status(status, &m.layout, mbits, mdata, mlen);
+    sys::OMPI_SUCCESS
+}
+
+fn imrecv_impl(conv: *mut sys::opal_convertor_t, message: *mut *mut sys::ompi_message_t, req: *mut sys::mca_mtl_request_t) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    // SAFETY: message holds a message we created in improbe.
+    let msg = unsafe { *message };
+    // SAFETY: req_ptr is the Claimed we leaked there.
+    let claimed = unsafe { Box::from_raw((*msg).req_ptr as *mut Claimed) };
+    let r = req as *mut Request;
+    // SAFETY: PML request memory.
+    unsafe { Request::init(r, Kind::Recv, (*msg).comm) };
+    let c = &claimed.req;
+    let ConvInfo { size, contig } = convertor_info(conv);
+    let len = c.status.count;
+    let n = len.min(size);
+    if n > 0 {
+        if let Some(start) = contig {
+            // SAFETY: start is the user's contiguous buffer of `size` bytes; our
+            // buffer holds `len` bytes.
+            unsafe { ptr::copy_nonoverlapping(c.buffer, start, n) };
+        } else {
+            unpack(conv, c.buffer, n);
+        }
+    }
+    // SAFETY: r is live; status from the claimed message.
+    unsafe {
+        (*r).status.source = m.layout.source(c.matched_tag, c.matched_data);
+        (*r).status.tag = m.layout.mpi_tag(c.matched_tag);
+        (*r).status.count = n;
+        (*r).status.error = if len > size { sys::MPI_ERR_TRUNCATE as c_int } else { sys::MPI_SUCCESS as c_int };
+    }
+    if c.owns_buffer {
+        // SAFETY: allocated in improbe.
+        unsafe { libc::free(c.buffer as *mut c_void) };
+    }
+    drop(claimed);
+    // SAFETY: the message handle is ours to return (as ob1 does); then null it.
+    unsafe {
+        glue::ompi_ofi_glue_message_return(msg);
+        *message = ptr::addr_of_mut!(sys::ompi_message_null.message);
+        Request::complete_to_pml(r);
+    }
+    sys::OMPI_SUCCESS
+}
+
+fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
+    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let r = req as *mut Request;
+    // SAFETY: r is a live request of ours.
+    let kind = unsafe { (*r).kind };
+    if kind != Kind::Recv {
+        // A send cannot be taken back once handed to the fabric: report "not cancelled".
+        // SAFETY: the PML's request is live.
+        unsafe {
+            if !(*r).sup.ompi_req.is_null() {
+                (*(*r).sup.ompi_req).req_status._cancelled = 0;
+            }
+        }
+        return sys::OMPI_SUCCESS;
+    }
+    // Drain completions first: the receive may already have matched.
+    progress_mtl(m);
+    // SAFETY: r is live.
+    let ctx = unsafe { (*r).ctx_ptr() };
+    let ret = {
+        let _g = m.lock.lock();
+        // SAFETY: the endpoint is open; ctx is the context of a posted receive (or of
+        // one that already completed, which fi_cancel ignores).
+        unsafe { fi::fi_cancel(&mut (*m.ep).fid, ctx) }
+    };
+    if ret != 0 {
+        // SAFETY: as above.
+        unsafe {
+            if !(*r).sup.ompi_req.is_null() {
+                (*(*r).sup.ompi_req).req_status._cancelled = 0;
+            }
+        }
+    }
+    sys::OMPI_SUCCESS
+}
+
+// ---------------------------------------------------------------------------
+// The module's extern "C" entries (one thin adapter each).
+
+use crate::ompi::component::ffi_guard;
+
+pub extern "C" fn mtl_send(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+    dest: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    mode: sys::mca_pml_base_send_mode_t,
+) -> c_int {
+    ffi_guard("mtl send", sys::OMPI_ERROR, || send_impl(comm, dest, tag, conv, mode))
+}
+
+pub extern "C" fn mtl_isend(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+    dest: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    mode: sys::mca_pml_base_send_mode_t,
+    _blocking: bool,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    ffi_guard("mtl isend", sys::OMPI_ERROR, || isend_impl(comm, dest, tag, conv, mode, req))
+}
+
+pub extern "C" fn mtl_irecv(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    ffi_guard("mtl irecv", sys::OMPI_ERROR, || irecv_impl(comm, src, tag, conv, req))
+}
+
+pub extern "C" fn mtl_iprobe(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    flag: *mut c_int,
+    status: *mut sys::ompi_status_public_t,
+) -> c_int {
+    ffi_guard("mtl iprobe", sys::OMPI_ERROR, || iprobe_impl(comm, src, tag, flag, status))
+}
+
+pub extern "C" fn mtl_improbe(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    flag: *mut c_int,
+    message: *mut *mut sys::ompi_message_t,
+    status: *mut sys::ompi_status_public_t,
+) -> c_int {
+    ffi_guard("mtl improbe", sys::OMPI_ERROR, || improbe_impl(comm, src, tag, flag, message, status))
+}
+
+pub extern "C" fn mtl_imrecv(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    conv: *mut sys::opal_convertor_t,
+    message: *mut *mut sys::ompi_message_t,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    ffi_guard("mtl imrecv", sys::OMPI_ERROR, || imrecv_impl(conv, message, req))
+}
+
+pub extern "C" fn mtl_cancel(_mtl: *mut sys::mca_mtl_base_module_t, req: *mut sys::mca_mtl_request_t, _flag: c_int) -> c_int {
+    ffi_guard("mtl cancel", sys::OMPI_ERROR, || cancel_impl(req))
+}

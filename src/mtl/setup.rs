@@ -1,0 +1,333 @@
+//! MTL setup and teardown: hints, tag mode, endpoint, address exchange, the module
+//! table handed to pml cm, and add/del of procs and communicators.
+//!
+//! What it owns: the libfabric objects of the MTL (kept in [`RESOURCES`]) and the
+//! [`Mtl`] state the data path reads. It must not touch the data path's requests.
+
+use super::datapath::{self, Mtl, PeerEndpoint, REQUEST_EXTRA};
+use super::tag::{TagLayout, TagMode};
+use crate::common::{self, DomainHandle, DomainRequest};
+use crate::fabric::{AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints};
+use crate::ompi::component::{ffi_guard, Exported};
+use crate::ompi::params::mtl as idx;
+use crate::ompi::{glue, modex};
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The libfabric objects of the MTL, dropped (closed) at finalize: endpoint first,
+/// then CQ and AV, then the shared domain.
+struct Resources {
+    _ep: Endpoint,
+    _cq: Arc<CompletionQueue>,
+    av: Arc<AddressVector>,
+    _domain: DomainHandle,
+    peers: Vec<*mut sys::ompi_proc_t>,
+}
+
+// SAFETY: the proc pointers are only dereferenced from MPI calls, which Open MPI
+// serialises for add/del_procs and finalize.
+unsafe impl Send for Resources {}
+
+static RESOURCES: Mutex<Option<Resources>> = Mutex::new(None);
+static CID_WARNED: AtomicBool = AtomicBool::new(false);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static MODULE: Exported<sys::mca_mtl_base_module_t> = Exported::new(sys::mca_mtl_base_module_t {
+    mtl_max_contextid: 0,
+    mtl_max_tag: 0,
+    mtl_request_size: 0,
+    mtl_flags: 0,
+    mtl_add_procs: Some(mtl_add_procs),
+    mtl_del_procs: Some(mtl_del_procs),
+    mtl_finalize: Some(mtl_finalize),
+    mtl_send: Some(datapath::mtl_send),
+    mtl_isend: Some(datapath::mtl_isend),
+    mtl_irecv: Some(datapath::mtl_irecv),
+    mtl_iprobe: Some(datapath::mtl_iprobe),
+    mtl_imrecv: Some(datapath::mtl_imrecv),
+    mtl_improbe: Some(datapath::mtl_improbe),
+    mtl_cancel: Some(datapath::mtl_cancel),
+    mtl_add_comm: Some(mtl_add_comm),
+    mtl_del_comm: Some(mtl_del_comm),
+});
+
+/// The module handed to pml cm.
+pub fn module_ptr() -> *mut sys::mca_mtl_base_module_t {
+    MODULE.get()
+}
+
+fn param(i: usize) -> i64 {
+    lock(&super::component::PARAMS).as_ref().map(|p| p.int(i)).unwrap_or(0)
+}
+
+fn rejected() -> Vec<String> {
+    lock(&super::component::PARAMS).as_ref().map(|p| p.rejected.clone()).unwrap_or_default()
+}
+
+fn progress_of(v: i64) -> fi::fi_progress {
+    match v {
+        1 => fi::FI_PROGRESS_AUTO,
+        2 => fi::FI_PROGRESS_MANUAL,
+        _ => fi::FI_PROGRESS_UNSPEC,
+    }
+}
+
+/// Build the MTL: choose provider and tag mode, open the endpoint, publish its name.
+pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sys::mca_mtl_base_module_t, String> {
+    let bad = rejected();
+    if !bad.is_empty() {
+        return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
+    }
+    let requested = match param(idx::TAG_MODE) {
+        2 => Some(TagMode::Tag1),
+        3 => Some(TagMode::Tag2),
+        4 => Some(TagMode::Full),
+        _ => None,
+    };
+    if param(idx::ENABLE_SEP) != 0 || param(idx::NUM_CTXTS) > 1 || param(idx::THREAD_GROUPING) != 0 {
+        log::warn!(
+            "mtl_ofi_enable_sep, mtl_ofi_num_ctxts and mtl_ofi_thread_grouping are accepted for \
+             compatibility, but this MTL always uses one regular endpoint (scalable endpoints are \
+             not implemented); the values are ignored"
+        );
+    }
+    let av_type = if param(idx::AV) == 2 { fi::FI_AV_TABLE } else { fi::FI_AV_MAP };
+    // SAFETY: opal_process_info and the world size are set up before MTL init.
+    let (local_peers, world) = unsafe { (sys::opal_process_info.num_local_peers, sys::ompi_proc_world_size()) };
+    let all_local = local_peers + 1 >= world;
+    // A job on one node asks for no locality capability at all: shm lists neither
+    // FI_LOCAL_COMM nor FI_REMOTE_COMM, and asking for remote communication is what
+    // keeps the C MTL off shm.
+    let locality = if all_local { 0 } else { (fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM) as u64 };
+    let threading = if mpi_threads { fi::FI_THREAD_SAFE } else { fi::FI_THREAD_DOMAIN };
+    let make_hints = |cq_data: bool| -> crate::fabric::Result<Hints> {
+        let mut h = Hints::new()?
+            .caps(fi::FI_TAGGED as u64 | fi::FI_DIRECTED_RECV as u64 | locality)
+            .mode((fi::FI_CONTEXT | fi::FI_CONTEXT2) as u64)
+            .ep_type(fi::FI_EP_RDM)
+            .mr_mode((fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY) as u32)
+            .av_type(av_type)
+            .threading(threading)
+            .control_progress(progress_of(param(idx::CONTROL_PROGRESS)))
+            .data_progress(progress_of(param(idx::DATA_PROGRESS)))
+            .resource_mgmt(fi::FI_RM_ENABLED)
+            .msg_order(fi::FI_ORDER_SAS as u64);
+        if cq_data {
+            h = h.cq_data_size(4);
+        }
+        Ok(h)
+    };
+    let hints = make_hints(true).map_err(|e| format!("cannot allocate fi_info hints: {e}"))?;
+    let domain = common::open_domain(DomainRequest {
+        component: "mtl",
+        hints,
+        threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+    })
+    .map_err(|e| e.to_string())?;
+    let info = domain.info();
+    let cq_data = info.cq_data_size();
+    let directed = info.caps() & fi::FI_DIRECTED_RECV as u64 != 0;
+    let mode = match requested {
+        None if cq_data >= 8 && directed => TagMode::Full,
+        None => TagMode::Tag1,
+        Some(TagMode::Full) if cq_data < 8 || !directed => {
+            return Err(format!(
+                "mtl_ofi_tag_mode=ofi_tag_full needs 8 bytes of remote CQ data and directed receives, \
+                 provider {} offers {cq_data} bytes{}; use ofi_tag_1 or ofi_tag_2",
+                info.provider_name(),
+                if directed { "" } else { " and no directed receive" }
+            ))
+        }
+        Some(m) => m,
+    };
+    if cq_data < 4 {
+        return Err(format!(
+            "provider {} offers no remote CQ data, which synchronous sends need to identify their acknowledgement",
+            info.provider_name()
+        ));
+    }
+    let layout = TagLayout::new(mode);
+    let threaded_lock = mpi_threads && domain.threading() != fi::FI_THREAD_SAFE;
+    let inject_size = info.inject_size();
+    let provider = info.provider_name().to_string();
+
+    let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
+    let dom = domain.domain().clone();
+    let cq = CompletionQueue::open(&dom, &CqAttr { size: 0, ..Default::default() }).map_err(|x| e("fi_cq_open", x))?;
+    let av = AddressVector::open(&dom, &AvAttr { av_type, count: world.max(1) as usize })
+        .map_err(|x| e("fi_av_open", x))?;
+    let ep = Endpoint::open(&dom, Some(domain.info())).map_err(|x| e("fi_endpoint", x))?;
+    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64).map_err(|x| e("fi_ep_bind(cq)", x))?;
+    ep.bind_av(&av).map_err(|x| e("fi_ep_bind(av)", x))?;
+    ep.enable().map_err(|x| e("fi_enable", x))?;
+    let name = ep.getname().map_err(|x| e("fi_getname", x))?;
+    modex::send(super::component::component_ptr(), &name)
+        .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
+
+    let events = param(idx::PROGRESS_EVENT_CNT).max(1) as usize;
+    let state = Box::new(Mtl {
+        ep: ep.as_ptr(),
+        cq: cq.as_ptr(),
+        layout,
+        inject_size,
+        directed,
+        events_per_progress: events,
+        lock: datapath::MaybeLock::new(threaded_lock),
+        sync_ids: AtomicU32::new(0),
+        counters: Default::default(),
+    });
+    *lock(&RESOURCES) = Some(Resources { _ep: ep, _cq: cq, av, _domain: domain, peers: Vec::new() });
+    datapath::MTL.store(Box::into_raw(state), Ordering::Release);
+    // SAFETY: a plain function pointer registration.
+    unsafe { sys::opal_progress_register(Some(datapath::progress_cb)) };
+    CID_WARNED.store(false, Ordering::Relaxed);
+
+    let m = MODULE.get();
+    // SAFETY: the module is ours and not yet handed to the PML.
+    unsafe {
+        (*m).mtl_max_contextid = layout.max_cid();
+        (*m).mtl_max_tag = layout.max_tag();
+        (*m).mtl_request_size = REQUEST_EXTRA;
+    }
+    log::info!(
+        "provider {provider}: tag mode {} ({} communicator ids, tags up to {}), inject {} bytes, {}{}",
+        mode.name(),
+        layout.max_cid() as u64 + 1,
+        layout.max_tag(),
+        inject_size,
+        if all_local { "local communication only" } else { "local and remote communication" },
+        if threaded_lock { ", serialised for MPI_THREAD_MULTIPLE" } else { "" }
+    );
+    Ok(m)
+}
+
+/// Insert `procs` into the address vector (from their modex entries).
+pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int> {
+    let mut res = lock(&RESOURCES);
+    let Some(res) = res.as_mut() else { return Err(sys::OMPI_ERR_NOT_AVAILABLE) };
+    for &p in procs.iter() {
+        // SAFETY: p is a live proc from the PML.
+        let slot = unsafe { &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] };
+        if !slot.is_null() {
+            continue;
+        }
+        // SAFETY: p is live; the glue returns its embedded process name.
+        let name = unsafe { &*glue::ompi_ofi_glue_proc_name(p) };
+        let addr = modex::recv(super::component::component_ptr(), name).map_err(|rc| {
+            log::error!("no endpoint name of a peer in the modex ({rc}): is the peer running our MTL?");
+            rc
+        })?;
+        let fiaddr = res.av.insert(&addr).map_err(|e| {
+            log::error!("fi_av_insert of a peer's address failed: {e}");
+            e.to_opal()
+        })?;
+        *slot = Box::into_raw(Box::new(PeerEndpoint { addr: fiaddr })) as *mut _;
+        res.peers.push(p);
+    }
+    Ok(())
+}
+
+fn release_peers(res: &mut Resources, only: Option<&[*mut sys::ompi_proc_t]>) {
+    res.peers.retain(|&p| {
+        if only.is_some_and(|o| !o.contains(&p)) {
+            return true;
+        }
+        // SAFETY: p is a live proc whose MTL slot holds our PeerEndpoint.
+        unsafe {
+            let slot = &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize];
+            if !slot.is_null() {
+                drop(Box::from_raw(*slot as *mut PeerEndpoint));
+                *slot = ptr::null_mut();
+            }
+        }
+        false
+    });
+}
+
+extern "C" fn mtl_add_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, procs: *mut *mut sys::ompi_proc_t) -> c_int {
+    ffi_guard("mtl add_procs", sys::OMPI_ERROR, || {
+        if nprocs == 0 || procs.is_null() {
+            return sys::OMPI_SUCCESS;
+        }
+        // SAFETY: the PML passes nprocs valid proc pointers.
+        let procs = unsafe { std::slice::from_raw_parts_mut(procs, nprocs) };
+        match add_procs_inner(procs) {
+            Ok(()) => sys::OMPI_SUCCESS,
+            Err(rc) => rc,
+        }
+    })
+}
+
+extern "C" fn mtl_del_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, procs: *mut *mut sys::ompi_proc_t) -> c_int {
+    ffi_guard("mtl del_procs", sys::OMPI_ERROR, || {
+        if nprocs == 0 || procs.is_null() {
+            return sys::OMPI_SUCCESS;
+        }
+        // SAFETY: as in add_procs.
+        let procs = unsafe { std::slice::from_raw_parts(procs, nprocs) };
+        if let Some(res) = lock(&RESOURCES).as_mut() {
+            release_peers(res, Some(procs));
+        }
+        sys::OMPI_SUCCESS
+    })
+}
+
+extern "C" fn mtl_add_comm(_m: *mut sys::mca_mtl_base_module_t, comm: *mut sys::ompi_communicator_t) -> c_int {
+    ffi_guard("mtl add_comm", sys::OMPI_ERROR, || {
+        // SAFETY: MODULE is initialised before the PML adds communicators.
+        let max = unsafe { (*MODULE.get()).mtl_max_contextid } as u32;
+        // SAFETY: comm is live.
+        let cid = unsafe { (*comm).c_contextid };
+        if cid >= max && !CID_WARNED.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "communicator id {cid} is the last one this tag mode can carry ({} ids): creating \
+                 more communicators will fail with MPI_ERR_INTERN/out of resource; free \
+                 communicators, or use mtl_ofi_tag_mode=ofi_tag_full (or ofi_tag_2) for more ids",
+                max as u64 + 1
+            );
+        }
+        if cid > max {
+            return sys::OMPI_ERR_OUT_OF_RESOURCE;
+        }
+        sys::OMPI_SUCCESS
+    })
+}
+
+extern "C" fn mtl_del_comm(_m: *mut sys::mca_mtl_base_module_t, _comm: *mut sys::ompi_communicator_t) -> c_int {
+    sys::OMPI_SUCCESS
+}
+
+extern "C" fn mtl_finalize(_m: *mut sys::mca_mtl_base_module_t) -> c_int {
+    ffi_guard("mtl finalize", sys::OMPI_ERROR, || {
+        finalize();
+        sys::OMPI_SUCCESS
+    })
+}
+
+/// Tear everything down (idempotent): progress, state, peers, then the objects.
+pub fn finalize() {
+    let p = datapath::MTL.swap(ptr::null_mut(), Ordering::AcqRel);
+    if !p.is_null() {
+        // SAFETY: unregistering the callback we registered.
+        unsafe { sys::opal_progress_unregister(Some(datapath::progress_cb)) };
+        // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
+        let m = unsafe { Box::from_raw(p) };
+        let c = &m.counters;
+        log::debug!(
+            "finalize: {} completion errors, {} EAGAIN retries",
+            c.cq_errors.load(Ordering::Relaxed),
+            c.eagain.load(Ordering::Relaxed)
+        );
+    }
+    if let Some(mut res) = lock(&RESOURCES).take() {
+        release_peers(&mut res, None);
+        drop(res);
+    }
+}

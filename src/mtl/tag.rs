@@ -1,0 +1,277 @@
+//! The 64-bit OFI tag: how communicator id, source rank, protocol bits and MPI tag
+//! share it in each `mtl_ofi_tag_mode`. Pure arithmetic, no libfabric.
+//!
+//! ```text
+//! full (source in remote CQ data):  [ cid:30 ][ proto:2 ][ tag:32 ]
+//! ofi_tag_1:                        [ cid:12 ][ source:18 ][ proto:2 ][ tag:32 ]
+//! ofi_tag_2:                        [ cid:24 ][ source:18 ][ proto:2 ][ tag:20 ]
+//! ```
+//! Proto bits: `SYNC` marks a synchronous send whose receiver must acknowledge the
+//! match; `ACK` marks that acknowledgement. An acknowledgement carries no MPI
+//! envelope: its tag is the `ACK` bit plus the sender-chosen id of the synchronous
+//! send, which travels to the receiver in the remote CQ data (the high 32 bits in
+//! `full` mode, where the low 32 carry the source). So each synchronous send waits
+//! for its own acknowledgement even when the receiver matches several of them out of
+//! order. Negative MPI tags (Open MPI's collectives)
+//! have the tag field's top bit set, so `MPI_ANY_TAG` ignores every tag bit but that
+//! one and never matches a collective's message.
+
+pub const PROTO_BITS: u32 = 2;
+
+/// The three layouts of `mtl_ofi_tag_mode` (auto resolves to one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagMode {
+    Full,
+    Tag1,
+    Tag2,
+}
+
+impl TagMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TagMode::Full => "ofi_tag_full",
+            TagMode::Tag1 => "ofi_tag_1",
+            TagMode::Tag2 => "ofi_tag_2",
+        }
+    }
+}
+
+/// A resolved layout with its masks and shifts.
+#[derive(Debug, Clone, Copy)]
+pub struct TagLayout {
+    pub mode: TagMode,
+    pub cid_bits: u32,
+    pub source_bits: u32,
+    pub tag_bits: u32,
+    tag_mask: u64,
+    source_shift: u32,
+    source_mask: u64,
+    cid_shift: u32,
+    sync: u64,
+    ack: u64,
+}
+
+/// Which protocol a matched message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Plain,
+    Sync,
+    Ack,
+}
+
+impl TagLayout {
+    pub const fn new(mode: TagMode) -> TagLayout {
+        let (cid_bits, source_bits, tag_bits) = match mode {
+            TagMode::Full => (30, 0, 32),
+            TagMode::Tag1 => (12, 18, 32),
+            TagMode::Tag2 => (24, 18, 20),
+        };
+        let tag_mask = (1u64 << tag_bits) - 1;
+        let source_shift = tag_bits + PROTO_BITS;
+        let source_mask = if source_bits == 0 { 0 } else { (1u64 << source_bits) - 1 };
+        TagLayout {
+            mode,
+            cid_bits,
+            source_bits,
+            tag_bits,
+            tag_mask,
+            source_shift,
+            source_mask,
+            cid_shift: source_shift + source_bits,
+            sync: 1u64 << tag_bits,
+            ack: 2u64 << tag_bits,
+        }
+    }
+
+    /// Does the source rank travel in remote CQ data?
+    pub fn source_in_data(&self) -> bool {
+        self.source_bits == 0
+    }
+
+    /// Largest communicator id (for `mtl_max_contextid`).
+    pub fn max_cid(&self) -> i32 {
+        ((1u64 << self.cid_bits) - 1).min(i32::MAX as u64) as i32
+    }
+
+    /// Largest MPI tag (for `mtl_max_tag`): one bit is kept for negative tags.
+    pub fn max_tag(&self) -> i32 {
+        ((1u64 << (self.tag_bits - 1)) - 1).min(i32::MAX as u64) as i32
+    }
+
+    /// Largest source rank this layout can carry (unbounded with CQ data).
+    pub fn max_source(&self) -> u64 {
+        if self.source_in_data() { u32::MAX as u64 } else { self.source_mask }
+    }
+
+    /// The tag a send carries.
+    #[inline]
+    pub fn send_tag(&self, cid: u32, source: i32, tag: i32, proto: Proto) -> u64 {
+        let mut bits = (cid as u64) << self.cid_shift;
+        if !self.source_in_data() {
+            bits |= ((source as u64) & self.source_mask) << self.source_shift;
+        }
+        bits |= (tag as u32 as u64) & self.tag_mask;
+        bits | self.proto_bits(proto)
+    }
+
+    fn proto_bits(&self, p: Proto) -> u64 {
+        match p {
+            Proto::Plain => 0,
+            Proto::Sync => self.sync,
+            Proto::Ack => self.ack,
+        }
+    }
+
+    /// Match and ignore bits for a receive of (`cid`, `source`, `tag`), either of
+    /// which may be the wildcard -1. The sync bit is ignored (a receive takes plain
+    /// and synchronous sends alike); the ack bit must be clear.
+    #[inline]
+    pub fn recv_bits(&self, cid: u32, source: i32, tag: i32) -> (u64, u64) {
+        let mut m = (cid as u64) << self.cid_shift;
+        let mut ignore = self.sync;
+        if !self.source_in_data() {
+            if source < 0 {
+                ignore |= self.source_mask << self.source_shift;
+            } else {
+                m |= ((source as u64) & self.source_mask) << self.source_shift;
+            }
+        }
+        if tag < 0 && tag == -1 {
+            // MPI_ANY_TAG: every tag bit but the sign bit of the tag field.
+            ignore |= self.tag_mask >> 1;
+        } else {
+            m |= (tag as u32 as u64) & self.tag_mask;
+        }
+        (m, ignore)
+    }
+
+    /// The tag of the acknowledgement of synchronous send `id` (what the sender posts
+    /// a receive for, and what the receiver sends back).
+    #[inline]
+    pub fn ack_tag(&self, id: u32) -> u64 {
+        self.ack | ((id as u64) & self.tag_mask)
+    }
+
+    /// Ids of synchronous sends wrap at this many.
+    pub fn sync_id_space(&self) -> u64 {
+        self.tag_mask + 1
+    }
+
+    /// The remote CQ data of a send from `source`, synchronous send `id`.
+    #[inline]
+    pub fn cq_data(&self, source: i32, id: u32) -> u64 {
+        if self.source_in_data() {
+            (source as u32 as u64) | ((id as u64) << 32)
+        } else {
+            id as u64
+        }
+    }
+
+    /// The synchronous-send id found in a message's remote CQ data.
+    #[inline]
+    pub fn sync_id(&self, data: u64) -> u32 {
+        if self.source_in_data() { (data >> 32) as u32 } else { data as u32 }
+    }
+
+    #[inline]
+    pub fn proto(&self, bits: u64) -> Proto {
+        if bits & self.ack != 0 {
+            Proto::Ack
+        } else if bits & self.sync != 0 {
+            Proto::Sync
+        } else {
+            Proto::Plain
+        }
+    }
+
+    /// The MPI tag of a matched message (sign-extended from the tag field).
+    #[inline]
+    pub fn mpi_tag(&self, bits: u64) -> i32 {
+        let t = bits & self.tag_mask;
+        let shift = 64 - self.tag_bits;
+        (((t << shift) as i64) >> shift) as i32
+    }
+
+    /// The source rank of a matched message, from the tag or the CQ data.
+    #[inline]
+    pub fn source(&self, bits: u64, data: u64) -> i32 {
+        if self.source_in_data() {
+            data as u32 as i32
+        } else {
+            ((bits >> self.source_shift) & self.source_mask) as i32
+        }
+    }
+
+    #[inline]
+    pub fn cid(&self, bits: u64) -> u32 {
+        (bits >> self.cid_shift) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(recv: (u64, u64), sent: u64) -> bool {
+        (recv.0 & !recv.1) == (sent & !recv.1)
+    }
+
+    #[test]
+    fn round_trip_every_mode() {
+        for mode in [TagMode::Full, TagMode::Tag1, TagMode::Tag2] {
+            let l = TagLayout::new(mode);
+            for &tag in &[0, 1, 7, l.max_tag(), -2, -10, -27] {
+                for &src in &[0, 1, 5, 1000] {
+                    let cid = l.max_cid() as u32;
+                    let s = l.send_tag(cid, src, tag, Proto::Plain);
+                    assert_eq!(l.mpi_tag(s), tag, "{mode:?} tag {tag}");
+                    assert_eq!(l.cid(s), cid);
+                    if !l.source_in_data() {
+                        assert_eq!(l.source(s, 0), src);
+                    } else {
+                        assert_eq!(l.source(s, src as u64), src);
+                    }
+                    assert!(matches(l.recv_bits(cid, src, tag), s));
+                    assert!(matches(l.recv_bits(cid, -1, tag), s));
+                    let sync = l.send_tag(cid, src, tag, Proto::Sync);
+                    assert!(matches(l.recv_bits(cid, src, tag), sync));
+                    assert_eq!(l.proto(sync), Proto::Sync);
+                    let id = 12345u32 & (l.sync_id_space() - 1) as u32;
+                    let data = l.cq_data(src, id);
+                    assert_eq!(l.sync_id(data), id);
+                    if l.source_in_data() {
+                        assert_eq!(l.source(sync, data), src);
+                    }
+                    let ack = l.ack_tag(id);
+                    assert_eq!(l.proto(ack), Proto::Ack);
+                    assert!(!matches(l.recv_bits(cid, src, tag), ack), "an ack is never an MPI message");
+                    assert!(matches((ack, 0), ack));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn any_tag_skips_negative_tags_and_other_comms() {
+        for mode in [TagMode::Full, TagMode::Tag1, TagMode::Tag2] {
+            let l = TagLayout::new(mode);
+            let any = l.recv_bits(3, -1, -1);
+            assert!(matches(any, l.send_tag(3, 1, 42, Proto::Plain)));
+            assert!(matches(any, l.send_tag(3, 1, 0, Proto::Sync)));
+            assert!(!matches(any, l.send_tag(3, 1, -10, Proto::Plain)), "collective tags are not MPI_ANY_TAG");
+            assert!(!matches(any, l.send_tag(4, 1, 42, Proto::Plain)));
+            assert!(!matches(l.recv_bits(3, 1, 5), l.send_tag(3, 1, 6, Proto::Plain)));
+            if !l.source_in_data() {
+                assert!(!matches(l.recv_bits(3, 2, 5), l.send_tag(3, 1, 5, Proto::Plain)));
+            }
+        }
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(TagLayout::new(TagMode::Full).max_cid(), (1 << 30) - 1);
+        assert_eq!(TagLayout::new(TagMode::Tag1).max_cid(), 4095);
+        assert_eq!(TagLayout::new(TagMode::Tag2).max_tag(), (1 << 19) - 1);
+        assert_eq!(TagLayout::new(TagMode::Full).max_tag(), i32::MAX);
+    }
+}
