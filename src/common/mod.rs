@@ -47,22 +47,54 @@ pub fn close_output() {
 }
 
 pub mod locality;
+pub mod monitor;
+pub mod patch_check;
+pub mod release;
 pub mod select;
 pub mod shared;
 
 pub use shared::{open_domain, Decline, DomainHandle, DomainRequest};
 
-/// Before the first `fi_getinfo`: apply a monitor choice that libfabric reads at its
-/// initialisation. (Filled in by the memory monitor.)
-pub(crate) fn monitor_prepare(_choice: &str) -> Result<(), Decline> {
+static OPAL_HOOKS: monitor::OpenMpiHooks = monitor::OpenMpiHooks;
+
+/// Before the first `fi_getinfo` (whichever component comes first): choose and
+/// install the memory monitor, run the patch self-check, and publish both in the
+/// read-only `opal_common_ofi_memory_monitor_status`. Idempotent.
+pub(crate) fn monitor_prepare(choice: &str) -> Result<(), Decline> {
+    let choice: monitor::MonitorChoice = choice.parse().map_err(|e: monitor::ParseChoiceError| Decline(e.to_string()))?;
+    let first = monitor::Monitor::outcome().is_none();
+    let outcome = monitor::Monitor::setup(choice, &OPAL_HOOKS).map_err(|e| Decline(e.to_string()))?;
+    if first {
+        let report = patch_check::check();
+        let owner = match report.owner_of("munmap") {
+            Some(o) => o.to_string(),
+            None => "not found".into(),
+        };
+        log::info!("patch self-check: munmap patched by {owner}");
+        log::debug!("patch self-check: {}", report.summary());
+        for w in outcome.warnings.iter().chain(report.problems(outcome.active == monitor::Active::Opal).iter()) {
+            log::warn!("{w}");
+        }
+        let status = format!("{}; munmap: {owner}", outcome.active);
+        with_params(|p| p.set_status(idx::MEMORY_MONITOR_STATUS, &status));
+    }
     Ok(())
 }
 
-/// After the first `fi_getinfo`, before the first `fi_domain`: export Open MPI's
-/// hooks into libfabric (once per process).
-pub(crate) fn monitor_setup(_choice: &str) -> Result<(), Decline> {
-    Ok(())
+/// After the last domain closed: remove the export and print the counters.
+pub(crate) fn monitor_teardown() {
+    let stats = monitor::Monitor::stats();
+    if let Err(e) = monitor::Monitor::teardown() {
+        log::warn!("memory monitor teardown: {e}");
+    }
+    log::info!(
+        "memory monitor: {} release events ({} bytes), {} forwarded to libfabric, {} to our caches; \
+         libfabric cache starts {}, subscribes {}",
+        stats.release.events,
+        stats.release.bytes,
+        stats.release.libfabric_notifies,
+        stats.release.subscriber_calls,
+        stats.libfabric_starts,
+        stats.libfabric_subscribes
+    );
 }
-
-/// After the last domain closed.
-pub(crate) fn monitor_teardown() {}

@@ -112,7 +112,8 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
         exclude = None;
     }
 
-    // libfabric reads its monitor choice when it initialises (first fi_getinfo).
+    // Before the first fi_getinfo: libfabric reads its own monitor choice when it
+    // initialises, and the export into it must precede the first fi_domain.
     super::monitor_prepare(&monitor_choice)?;
 
     // SAFETY: opal_process_info is initialised by opal_init before components run.
@@ -140,9 +141,6 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
             e => format!("fi_getinfo failed: {e}"),
         })
     })?;
-
-    // After the first fi_getinfo, before the first fi_domain.
-    super::monitor_setup(&monitor_choice)?;
 
     let mut reg = lock();
     reg.domains.retain(|w| w.strong_count() > 0);
