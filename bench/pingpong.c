@@ -17,6 +17,7 @@
  *   -W N      bandwidth window (default 64)
  *   -n N      bandwidth windows timed, at most (default 20; one warm-up window before)
  *   -q        quick: iterations, budget, window and windows divided by 4 unless given
+ *   -h        usage
  *
  * Only ranks 0 and 1 take part; any further ranks wait in the final barrier.
  */
@@ -27,6 +28,10 @@
 #include <unistd.h>
 
 #define MAX_SIZES 32
+
+static const char usage[] =
+    "usage: pingpong [-s sizes] [-i iters] [-w warmup] [-t secs] [-b bwbytes] [-W window]\n"
+    "                [-n windows] [-q] [-h]  (see the comment at the top of bench/pingpong.c)\n";
 
 static int iters_for(long size, int base)
 {
@@ -131,7 +136,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
 
-    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q")) != -1) {
+    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:qh")) != -1) {
         switch (opt) {
         case 's': {
             char *list = strdup(optarg), *save = NULL;
@@ -149,10 +154,14 @@ int main(int argc, char **argv)
         case 'W': window = atoi(optarg); set |= 4; break;
         case 'n': windows = atoi(optarg); set |= 8; break;
         case 'q': quick = 1; break;
+        case 'h':
+            if (rank == 0)
+                printf("%s", usage);
+            MPI_Finalize();
+            return 0;
         default:
             if (rank == 0)
-                fprintf(stderr, "usage: pingpong [-s sizes] [-i iters] [-w warmup] [-t secs] "
-                                "[-b bwbytes] [-W window] [-n windows] [-q]\n");
+                fprintf(stderr, "%s", usage);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }

@@ -26,6 +26,7 @@
  *   -n N      bandwidth bursts timed, at most (default 20; one warm-up burst before)
  *   -q        quick: iterations, budget, window and bursts divided by 4 unless given
  *   -a        MPI_Win_allocate instead of MPI_Win_create
+ *   -h        usage
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -34,6 +35,10 @@
 #include <unistd.h>
 
 #define MAX_SIZES 32
+
+static const char usage[] =
+    "usage: rma [-s sizes] [-i iters] [-w warmup] [-t secs] [-b bwbytes] [-W window]\n"
+    "           [-n bursts] [-q] [-a] [-h]  (see the comment at the top of bench/rma.c)\n";
 
 enum op { PUT, GET };
 
@@ -99,7 +104,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
 
-    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:qa")) != -1) {
+    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:qah")) != -1) {
         switch (opt) {
         case 's': {
             char *list = strdup(optarg), *save = NULL;
@@ -118,10 +123,14 @@ int main(int argc, char **argv)
         case 'n': windows = atoi(optarg); set |= 8; break;
         case 'q': quick = 1; break;
         case 'a': alloc = 1; break;
+        case 'h':
+            if (rank == 0)
+                printf("%s", usage);
+            MPI_Finalize();
+            return 0;
         default:
             if (rank == 0)
-                fprintf(stderr, "usage: rma [-s sizes] [-i iters] [-w warmup] [-t secs] "
-                                "[-b bwbytes] [-W window] [-n bursts] [-q] [-a]\n");
+                fprintf(stderr, "%s", usage);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }
