@@ -2,6 +2,7 @@
 //! 1. compiles `opal_glue/` (C for Open MPI macros and static inline helpers),
 //! 2. turns the `mca_params/*.params` tables into `params.rs` (the parameter specs the
 //!    registration code iterates, and index constants).
+//!
 //! Include directories come from the -sys crates (`DEP_OPEN_PAL_INCLUDE`,
 //! `DEP_FABRIC_INCLUDE`), so Open MPI and libfabric are found in one place only.
 use std::env;
@@ -41,7 +42,9 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
             });
             continue;
         }
-        let p = out.last_mut().unwrap_or_else(|| panic!("{}: key outside a [block]", at()));
+        let p = out
+            .last_mut()
+            .unwrap_or_else(|| panic!("{}: key outside a [block]", at()));
         let (k, v) = line
             .split_once('=')
             .unwrap_or_else(|| panic!("{}: expected `key = value`", at()));
@@ -53,14 +56,25 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
             "help" => p.help = v,
             "readonly" => p.readonly = v == "true",
             "synonyms" => {
-                p.synonyms = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+                p.synonyms = v
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
             }
             "values" => {
                 p.values = v
                     .split(',')
                     .map(|e| {
-                        let (a, b) = e.split_once('=').unwrap_or_else(|| panic!("{}: enum value needs name=number", at()));
-                        (a.trim().to_string(), b.trim().parse().unwrap_or_else(|_| panic!("{}: bad enum number", at())))
+                        let (a, b) = e
+                            .split_once('=')
+                            .unwrap_or_else(|| panic!("{}: enum value needs name=number", at()));
+                        (
+                            a.trim().to_string(),
+                            b.trim()
+                                .parse()
+                                .unwrap_or_else(|_| panic!("{}: bad enum number", at())),
+                        )
                     })
                     .collect()
             }
@@ -73,8 +87,16 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
             "mca_params/{table}.params [{}]: type must be int, bool, size, string or enum",
             p.name
         );
-        assert!((1..=9).contains(&p.level), "mca_params/{table}.params [{}]: level 1-9", p.name);
-        assert!(!p.help.is_empty(), "mca_params/{table}.params [{}]: help is required", p.name);
+        assert!(
+            (1..=9).contains(&p.level),
+            "mca_params/{table}.params [{}]: level 1-9",
+            p.name
+        );
+        assert!(
+            !p.help.is_empty(),
+            "mca_params/{table}.params [{}]: help is required",
+            p.name
+        );
         if p.kind == "enum" {
             assert!(
                 p.values.iter().any(|(n, _)| *n == p.default),
@@ -92,14 +114,27 @@ fn gen(table: &str, params: &[Param], code: &mut String) {
     writeln!(code, "pub static {upper}: &[ParamSpec] = &[").unwrap();
     for p in params {
         let kind = match p.kind.as_str() {
-            "int" => format!("Kind::Int({})", p.default.parse::<i64>().expect("int default")),
-            "size" => format!("Kind::Size({})", p.default.parse::<u64>().expect("size default")),
+            "int" => format!(
+                "Kind::Int({})",
+                p.default.parse::<i64>().expect("int default")
+            ),
+            "size" => format!(
+                "Kind::Size({})",
+                p.default.parse::<u64>().expect("size default")
+            ),
             "bool" => format!("Kind::Bool({})", p.default == "true"),
             "string" => format!("Kind::Str({:?})", p.default),
             "enum" => {
-                let vals: Vec<String> = p.values.iter().map(|(n, v)| format!("({v}, {n:?})")).collect();
+                let vals: Vec<String> = p
+                    .values
+                    .iter()
+                    .map(|(n, v)| format!("({v}, {n:?})"))
+                    .collect();
                 let def = p.values.iter().find(|(n, _)| *n == p.default).unwrap().1;
-                format!("Kind::Enum {{ default: {def}, values: &[{}] }}", vals.join(", "))
+                format!(
+                    "Kind::Enum {{ default: {def}, values: &[{}] }}",
+                    vals.join(", ")
+                )
             }
             _ => unreachable!(),
         };
@@ -114,7 +149,12 @@ fn gen(table: &str, params: &[Param], code: &mut String) {
     writeln!(code, "/// Indices into [`{upper}`].").unwrap();
     writeln!(code, "pub mod {table} {{").unwrap();
     for (i, p) in params.iter().enumerate() {
-        writeln!(code, "    pub const {}: usize = {i};", p.name.to_uppercase()).unwrap();
+        writeln!(
+            code,
+            "    pub const {}: usize = {i};",
+            p.name.to_uppercase()
+        )
+        .unwrap();
     }
     writeln!(code, "}}").unwrap();
 }
@@ -124,7 +164,8 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
 
     // 1. The parameter tables.
-    let mut code = String::from("// Generated by build.rs from mca_params/*.params. Do not edit.\n");
+    let mut code =
+        String::from("// Generated by build.rs from mca_params/*.params. Do not edit.\n");
     for table in ["common", "mtl", "btl"] {
         let path = root.join(format!("mca_params/{table}.params"));
         println!("cargo:rerun-if-changed={}", path.display());
@@ -154,6 +195,9 @@ fn main() {
     if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
         cc.flag("-mcx16");
     }
-    cc.flag_if_supported("-fvisibility=hidden").warnings(true).extra_warnings(true).flag("-Wno-unused-parameter");
+    cc.flag_if_supported("-fvisibility=hidden")
+        .warnings(true)
+        .extra_warnings(true)
+        .flag("-Wno-unused-parameter");
     cc.compile("opal_glue");
 }

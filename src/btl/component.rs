@@ -9,14 +9,32 @@ use std::sync::Mutex;
 #[no_mangle]
 pub static mca_btl_ofi_component: Exported<sys::mca_btl_base_component_3_0_0_t> =
     Exported::new(sys::mca_btl_base_component_3_0_0_t {
-        btl_version: base_component("opal", "btl", (3, 1, 0), Some(open), Some(close), Some(register), None),
-        btl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
+        btl_version: base_component(
+            "opal",
+            "btl",
+            (3, 1, 0),
+            Some(open),
+            Some(close),
+            Some(register),
+            None,
+        ),
+        btl_data: sys::mca_base_component_data_t {
+            param_field: 0,
+            reserved: [0; 32],
+        },
         btl_init: Some(init),
         btl_progress: Some(progress),
     });
 
 /// The BTL's registered parameters (`btl_ofi_*`).
 pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
+
+/// The component header, for the modex and parameter registration.
+pub fn component() -> &'static sys::mca_base_component_t {
+    // SAFETY: the exported static lives as long as the library; Open MPI only writes
+    // to it during MCA open/close, never while we hold this reference for a call.
+    unsafe { &*component_ptr() }
+}
 
 pub fn component_ptr() -> *const sys::mca_base_component_t {
     // SAFETY: taking the address of a field of our static; nothing is dereferenced.

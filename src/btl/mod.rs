@@ -4,7 +4,10 @@ pub mod component;
 use ompi_sys as sys;
 
 /// Build the BTL modules, or say why not.
-pub fn init_modules(_progress_threads: bool, _mpi_threads: bool) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
+pub fn init_modules(
+    _progress_threads: bool,
+    _mpi_threads: bool,
+) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
     Err("the active-message and RDMA data paths are not implemented yet".into())
 }
 

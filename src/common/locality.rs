@@ -6,13 +6,16 @@ use crate::fabric::PciAddr;
 
 /// Parse a sysfs CPU list such as `0-3,8,10-11`.
 pub fn cpulist_contains(list: &str, cpu: u32) -> bool {
-    list.trim().split(',').filter(|s| !s.is_empty()).any(|part| match part.split_once('-') {
-        Some((a, b)) => match (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
-            (Ok(a), Ok(b)) => (a..=b).contains(&cpu),
-            _ => false,
-        },
-        None => part.trim().parse::<u32>() == Ok(cpu),
-    })
+    list.trim()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .any(|part| match part.split_once('-') {
+            Some((a, b)) => match (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
+                (Ok(a), Ok(b)) => (a..=b).contains(&cpu),
+                _ => false,
+            },
+            None => part.trim().parse::<u32>() == Ok(cpu),
+        })
 }
 
 /// The locality callback handed to provider selection.
@@ -27,7 +30,11 @@ pub fn pci_distance(pci: &PciAddr) -> Option<u32> {
     if cpu < 0 {
         return None;
     }
-    Some(if cpulist_contains(&list, cpu as u32) { 0 } else { 1 })
+    Some(if cpulist_contains(&list, cpu as u32) {
+        0
+    } else {
+        1
+    })
 }
 
 #[cfg(test)]

@@ -61,9 +61,12 @@ static OPAL_HOOKS: monitor::OpenMpiHooks = monitor::OpenMpiHooks;
 /// install the memory monitor, run the patch self-check, and publish both in the
 /// read-only `opal_common_ofi_memory_monitor_status`. Idempotent.
 pub(crate) fn monitor_prepare(choice: &str) -> Result<(), Decline> {
-    let choice: monitor::MonitorChoice = choice.parse().map_err(|e: monitor::ParseChoiceError| Decline(e.to_string()))?;
+    let choice: monitor::MonitorChoice = choice
+        .parse()
+        .map_err(|e: monitor::ParseChoiceError| Decline(e.to_string()))?;
     let first = monitor::Monitor::outcome().is_none();
-    let outcome = monitor::Monitor::setup(choice, &OPAL_HOOKS).map_err(|e| Decline(e.to_string()))?;
+    let outcome =
+        monitor::Monitor::setup(choice, &OPAL_HOOKS).map_err(|e| Decline(e.to_string()))?;
     if first {
         let report = patch_check::check();
         let owner = match report.owner_of("munmap") {
@@ -72,7 +75,11 @@ pub(crate) fn monitor_prepare(choice: &str) -> Result<(), Decline> {
         };
         log::info!("patch self-check: munmap patched by {owner}");
         log::debug!("patch self-check: {}", report.summary());
-        for w in outcome.warnings.iter().chain(report.problems(outcome.active == monitor::Active::Opal).iter()) {
+        for w in outcome.warnings.iter().chain(
+            report
+                .problems(outcome.active == monitor::Active::Opal)
+                .iter(),
+        ) {
             log::warn!("{w}");
         }
         let status = format!("{}; munmap: {owner}", outcome.active);

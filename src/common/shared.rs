@@ -64,7 +64,10 @@ struct Registry {
     handles: usize,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { domains: Vec::new(), handles: 0 });
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    domains: Vec::new(),
+    handles: 0,
+});
 
 fn lock() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
@@ -86,7 +89,9 @@ impl Drop for DomainHandle {
 }
 
 fn list_param(p: &crate::ompi::params::Registered, i: usize) -> Option<Vec<String>> {
-    p.string(i).map(|s| select::parse_list(&s)).filter(|v| !v.is_empty())
+    p.string(i)
+        .map(|s| select::parse_list(&s))
+        .filter(|v| !v.is_empty())
 }
 
 /// Select a provider for `req`, set up the memory monitor, and open (or share) the
@@ -97,13 +102,18 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
             list_param(p, idx::PROVIDER_INCLUDE),
             list_param(p, idx::PROVIDER_EXCLUDE),
             p.is_set(idx::PROVIDER_EXCLUDE),
-            p.enum_name(idx::MEMORY_MONITOR).unwrap_or("auto").to_string(),
+            p.enum_name(idx::MEMORY_MONITOR)
+                .unwrap_or("auto")
+                .to_string(),
             p.rejected.clone(),
         )
     })
     .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
     if !rejected.is_empty() {
-        return Err(Decline(format!("invalid MCA parameter values: {}", rejected.join("; "))));
+        return Err(Decline(format!(
+            "invalid MCA parameter values: {}",
+            rejected.join("; ")
+        )));
     }
     if include.is_some() && exclude.is_some() {
         if exclude_set {
@@ -119,7 +129,13 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
     // SAFETY: opal_process_info is initialised by opal_init before components run.
     let local_rank = unsafe { ompi_sys::opal_process_info.my_local_rank }.max(0) as u32;
     let locality = super::locality::pci_distance;
-    let mut selection = select::select_provider(&req.hints, include.as_deref(), exclude.as_deref(), local_rank, Some(&locality));
+    let mut selection = select::select_provider(
+        &req.hints,
+        include.as_deref(),
+        exclude.as_deref(),
+        local_rank,
+        Some(&locality),
+    );
     if matches!(selection, Err(Error::NODATA)) {
         if let Some(t) = req.threading_fallback {
             let hints = req
@@ -127,7 +143,13 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
                 .try_clone()
                 .map_err(|e| Decline(format!("cannot copy fi_info hints: {e}")))?
                 .threading(t);
-            selection = select::select_provider(&hints, include.as_deref(), exclude.as_deref(), local_rank, Some(&locality));
+            selection = select::select_provider(
+                &hints,
+                include.as_deref(),
+                exclude.as_deref(),
+                local_rank,
+                Some(&locality),
+            );
         }
     }
     let sel: Selection = selection.map_err(|e| {
@@ -135,8 +157,14 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
             Error::NODATA => format!(
                 "no OFI provider offers what the {} needs{}{}",
                 req.component,
-                include.as_ref().map(|i| format!(", among opal_common_ofi_provider_include={}", i.join(","))).unwrap_or_default(),
-                exclude.as_ref().map(|x| format!(", after opal_common_ofi_provider_exclude={}", x.join(","))).unwrap_or_default(),
+                include
+                    .as_ref()
+                    .map(|i| format!(", among opal_common_ofi_provider_include={}", i.join(",")))
+                    .unwrap_or_default(),
+                exclude
+                    .as_ref()
+                    .map(|x| format!(", after opal_common_ofi_provider_exclude={}", x.join(",")))
+                    .unwrap_or_default(),
             ),
             e => format!("fi_getinfo failed: {e}"),
         })
@@ -156,18 +184,29 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
     });
     let shared = match found {
         Some(s) => {
-            log::info!("{}: sharing the domain {} opened by the other component", req.component, chosen.domain_name());
+            log::info!(
+                "{}: sharing the domain {} opened by the other component",
+                req.component,
+                chosen.domain_name()
+            );
             s
         }
         None => {
-            let fabric = Fabric::open(chosen).map_err(|e| Decline(format!("fi_fabric on {}: {e}", sel.provider)))?;
-            let domain = Domain::open(&fabric, chosen).map_err(|e| Decline(format!("fi_domain on {}: {e}", sel.provider)))?;
-            let info = chosen.to_owned().map_err(|e| Decline(format!("fi_dupinfo: {e}")))?;
+            let fabric = Fabric::open(chosen)
+                .map_err(|e| Decline(format!("fi_fabric on {}: {e}", sel.provider)))?;
+            let domain = Domain::open(&fabric, chosen)
+                .map_err(|e| Decline(format!("fi_domain on {}: {e}", sel.provider)))?;
+            let info = chosen
+                .to_owned()
+                .map_err(|e| Decline(format!("fi_dupinfo: {e}")))?;
             let s = Arc::new(Shared { domain, info });
             reg.domains.push(Arc::downgrade(&s));
             s
         }
     };
     reg.handles += 1;
-    Ok(DomainHandle { shared: std::mem::ManuallyDrop::new(shared), info: sel.info })
+    Ok(DomainHandle {
+        shared: std::mem::ManuallyDrop::new(shared),
+        info: sel.info,
+    })
 }

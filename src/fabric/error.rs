@@ -56,7 +56,7 @@ impl Error {
     /// The Open MPI code that this error becomes at the component boundary.
     pub fn to_opal(self) -> i32 {
         let c = self.0 as u32;
-        let code = match c {
+        match c {
             fi::FI_EAGAIN => ompi::OPAL_ERR_TEMP_OUT_OF_RESOURCE,
             fi::FI_ENOMEM | fi::FI_ENOSPC => ompi::OPAL_ERR_OUT_OF_RESOURCE,
             fi::FI_EBUSY => ompi::OPAL_ERR_RESOURCE_BUSY,
@@ -66,12 +66,15 @@ impl Error {
             fi::FI_ETIMEDOUT => ompi::OPAL_ERR_TIMEOUT,
             fi::FI_EPERM | fi::FI_EACCES => ompi::OPAL_ERR_PERM,
             fi::FI_ETRUNC | fi::FI_ETOOSMALL => ompi::OPAL_ERR_BUFFER,
-            fi::FI_ECONNREFUSED | fi::FI_ECONNRESET | fi::FI_ECONNABORTED
-            | fi::FI_ENOTCONN | fi::FI_EHOSTUNREACH | fi::FI_ENETUNREACH
+            fi::FI_ECONNREFUSED
+            | fi::FI_ECONNRESET
+            | fi::FI_ECONNABORTED
+            | fi::FI_ENOTCONN
+            | fi::FI_EHOSTUNREACH
+            | fi::FI_ENETUNREACH
             | fi::FI_EADDRNOTAVAIL => ompi::OPAL_ERR_UNREACH,
             _ => ompi::OPAL_ERROR,
-        };
-        code as i32
+        }
     }
 }
 
@@ -113,9 +116,14 @@ mod tests {
         assert_eq!(to_result(-(fi::FI_EAGAIN as isize)), Err(Error::AGAIN));
         assert_eq!(to_result(5), Ok(5));
         assert!(Error::AGAIN.is_again());
-        assert_eq!(Error::AGAIN.to_opal(), ompi::OPAL_ERR_TEMP_OUT_OF_RESOURCE as i32);
-        assert_eq!(Error::NOMEM.to_opal(), ompi::OPAL_ERR_OUT_OF_RESOURCE as i32);
-        assert!(Error::AGAIN.message().to_lowercase().contains("again")
-            || Error::AGAIN.message().to_lowercase().contains("unavailable"));
+        assert_eq!(Error::AGAIN.to_opal(), ompi::OPAL_ERR_TEMP_OUT_OF_RESOURCE);
+        assert_eq!(Error::NOMEM.to_opal(), ompi::OPAL_ERR_OUT_OF_RESOURCE);
+        assert!(
+            Error::AGAIN.message().to_lowercase().contains("again")
+                || Error::AGAIN
+                    .message()
+                    .to_lowercase()
+                    .contains("unavailable")
+        );
     }
 }

@@ -9,13 +9,31 @@ use std::sync::Mutex;
 #[no_mangle]
 pub static mca_mtl_ofi_component: Exported<sys::mca_mtl_base_component_2_0_0_t> =
     Exported::new(sys::mca_mtl_base_component_2_0_0_t {
-        mtl_version: base_component("ompi", "mtl", (2, 0, 0), Some(open), Some(close), Some(register), Some(query)),
-        mtl_data: sys::mca_base_component_data_t { param_field: 0, reserved: [0; 32] },
+        mtl_version: base_component(
+            "ompi",
+            "mtl",
+            (2, 0, 0),
+            Some(open),
+            Some(close),
+            Some(register),
+            Some(query),
+        ),
+        mtl_data: sys::mca_base_component_data_t {
+            param_field: 0,
+            reserved: [0; 32],
+        },
         mtl_init: Some(init),
     });
 
 /// The MTL's registered parameters (`mtl_ofi_*`).
 pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
+
+/// The component header, for the modex and parameter registration.
+pub fn component() -> &'static sys::mca_base_component_t {
+    // SAFETY: the exported static lives as long as the library; Open MPI only writes
+    // to it during MCA open/close, never while we hold this reference for a call.
+    unsafe { &*component_ptr() }
+}
 
 pub fn component_ptr() -> *const sys::mca_base_component_t {
     // SAFETY: taking the address of a field of our static; nothing is dereferenced.
@@ -34,7 +52,12 @@ extern "C" fn register() -> i32 {
 /// mca_base_select asks for a priority and a module; pml cm then calls `mtl_init`.
 extern "C" fn query(module: *mut *mut sys::mca_base_module_t, priority: *mut i32) -> i32 {
     ffi_guard("mtl query", sys::OPAL_ERROR, || {
-        let prio = PARAMS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.int(crate::ompi::params::mtl::PRIORITY)).unwrap_or(25);
+        let prio = PARAMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.int(crate::ompi::params::mtl::PRIORITY))
+            .unwrap_or(25);
         // SAFETY: Open MPI passes valid out pointers.
         unsafe {
             *priority = prio as i32;
@@ -59,14 +82,19 @@ extern "C" fn close() -> i32 {
     })
 }
 
-extern "C" fn init(enable_progress_threads: bool, enable_mpi_threads: bool) -> *mut sys::mca_mtl_base_module_t {
-    ffi_guard("mtl init", std::ptr::null_mut(), || {
-        match super::init_module(enable_progress_threads, enable_mpi_threads) {
+extern "C" fn init(
+    enable_progress_threads: bool,
+    enable_mpi_threads: bool,
+) -> *mut sys::mca_mtl_base_module_t {
+    ffi_guard(
+        "mtl init",
+        std::ptr::null_mut(),
+        || match super::init_module(enable_progress_threads, enable_mpi_threads) {
             Ok(m) => m,
             Err(reason) => {
                 log::info!("declining: {reason}");
                 std::ptr::null_mut()
             }
-        }
-    })
+        },
+    )
 }

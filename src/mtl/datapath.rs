@@ -31,7 +31,10 @@ pub struct MaybeLock {
 
 impl MaybeLock {
     pub fn new(enabled: bool) -> Self {
-        MaybeLock { enabled, m: Mutex::new(()) }
+        MaybeLock {
+            enabled,
+            m: Mutex::new(()),
+        }
     }
     #[inline]
     pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
@@ -135,7 +138,8 @@ pub struct Status {
 }
 
 /// Bytes the PML must reserve after its request for us.
-pub const REQUEST_EXTRA: usize = std::mem::size_of::<Request>() - std::mem::size_of::<sys::mca_mtl_request_t>();
+pub const REQUEST_EXTRA: usize =
+    std::mem::size_of::<Request>() - std::mem::size_of::<sys::mca_mtl_request_t>();
 
 impl Request {
     /// Initialise every field but `sup` (which the PML filled in) in place.
@@ -234,7 +238,8 @@ fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_
         return Err(sys::OMPI_ERR_BAD_PARAM);
     }
     // SAFETY: proc_ is a live ompi_proc_t.
-    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] } as *mut PeerEndpoint;
+    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] }
+        as *mut PeerEndpoint;
     if !ep.is_null() {
         // SAFETY: we stored a PeerEndpoint there.
         return Ok(unsafe { (*ep).addr });
@@ -242,7 +247,8 @@ fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_
     let mut procs = [proc_];
     super::setup::add_procs_inner(&mut procs)?;
     // SAFETY: as above, now filled in by add_procs.
-    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] } as *mut PeerEndpoint;
+    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] }
+        as *mut PeerEndpoint;
     if ep.is_null() {
         Err(sys::OMPI_ERR_UNREACH)
     } else {
@@ -277,10 +283,16 @@ struct ConvInfo {
 
 #[inline]
 fn convertor_info(conv: *mut sys::opal_convertor_t) -> ConvInfo {
-    let (mut size, mut contig, mut start, mut need) = (0usize, 0 as c_int, ptr::null_mut(), 0 as c_int);
+    let (mut size, mut contig, mut start, mut need) =
+        (0usize, 0 as c_int, ptr::null_mut(), 0 as c_int);
     // SAFETY: conv is a prepared convertor from the PML; the outputs are valid.
-    unsafe { glue::ompi_ofi_glue_convertor_info(conv, &mut size, &mut contig, &mut start, &mut need) };
-    ConvInfo { size, contig: (contig != 0).then_some(start as *mut u8) }
+    unsafe {
+        glue::ompi_ofi_glue_convertor_info(conv, &mut size, &mut contig, &mut start, &mut need)
+    };
+    ConvInfo {
+        size,
+        contig: (contig != 0).then_some(start as *mut u8),
+    }
 }
 
 struct SendData {
@@ -302,27 +314,49 @@ impl Drop for SendData {
 fn pack(conv: *mut sys::opal_convertor_t) -> Result<SendData, c_int> {
     let ConvInfo { size, contig } = convertor_info(conv);
     if size == 0 {
-        return Ok(SendData { ptr: ptr::null(), len: 0, owned: false });
+        return Ok(SendData {
+            ptr: ptr::null(),
+            len: 0,
+            owned: false,
+        });
     }
     if let Some(start) = contig {
-        return Ok(SendData { ptr: start, len: size, owned: false });
+        return Ok(SendData {
+            ptr: start,
+            len: size,
+            owned: false,
+        });
     }
     // SAFETY: plain allocation; checked for null.
     let buf = unsafe { libc::malloc(size) } as *mut u8;
     if buf.is_null() {
         return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
     }
-    let mut iov = libc::iovec { iov_base: buf as *mut c_void, iov_len: size };
+    let mut iov = libc::iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: size,
+    };
     let mut count: u32 = 1;
     let mut max = size;
     // SAFETY: iov describes `size` writable bytes.
-    let rc = unsafe { sys::opal_convertor_pack(conv, &mut iov as *mut _ as *mut sys::iovec, &mut count, &mut max) };
+    let rc = unsafe {
+        sys::opal_convertor_pack(
+            conv,
+            &mut iov as *mut _ as *mut sys::iovec,
+            &mut count,
+            &mut max,
+        )
+    };
     if rc < 0 {
         // SAFETY: allocated above.
         unsafe { libc::free(buf as *mut c_void) };
         return Err(sys::OMPI_ERROR);
     }
-    Ok(SendData { ptr: buf, len: size, owned: true })
+    Ok(SendData {
+        ptr: buf,
+        len: size,
+        owned: true,
+    })
 }
 
 /// Where a receive lands: the user's memory when contiguous, else a buffer we unpack.
@@ -347,12 +381,22 @@ fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
     if len == 0 || conv.is_null() {
         return;
     }
-    let mut iov = libc::iovec { iov_base: buf as *mut c_void, iov_len: len };
+    let mut iov = libc::iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: len,
+    };
     let mut count: u32 = 1;
     let mut max = len;
     // SAFETY: buf holds len received bytes; the convertor writes at most its own
     // packed size into user memory.
-    unsafe { sys::opal_convertor_unpack(conv, &mut iov as *mut _ as *mut sys::iovec, &mut count, &mut max) };
+    unsafe {
+        sys::opal_convertor_unpack(
+            conv,
+            &mut iov as *mut _ as *mut sys::iovec,
+            &mut count,
+            &mut max,
+        )
+    };
 }
 
 // ---------------------------------------------------------------------------
@@ -365,7 +409,9 @@ pub fn progress_mtl(m: &Mtl) -> usize {
     loop {
         // SAFETY: fi_cq_tagged_entry is plain data; zeroed is a valid value.
         let mut entries: [fi::fi_cq_tagged_entry; CHUNK] = unsafe { std::mem::zeroed() };
-        let want = CHUNK.min(m.events_per_progress.saturating_sub(total)).max(1);
+        let want = CHUNK
+            .min(m.events_per_progress.saturating_sub(total))
+            .max(1);
         let (n, err) = {
             let _g = m.lock.lock();
             // SAFETY: the CQ is open; entries has room for `want` tagged entries.
@@ -448,6 +494,14 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
     let r = unsafe { Request::from_ctx(e.op_context) };
     // SAFETY: r is live until we complete it.
     let kind = unsafe { (*r).kind };
+    log::trace!(
+        "completion {kind:?} ctx {:p} tag {:#x} len {} flags {:#x} data {:#x}",
+        e.op_context,
+        e.tag,
+        e.len,
+        e.flags,
+        e.data
+    );
     match kind {
         Kind::Send => {
             // SAFETY: r is live.
@@ -464,7 +518,17 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
         }
         Kind::Recv => {
             // SAFETY: r is a live receive.
-            unsafe { recv_done(m, r, e.tag, e.data, e.len, e.flags, sys::MPI_SUCCESS as c_int) };
+            unsafe {
+                recv_done(
+                    m,
+                    r,
+                    e.tag,
+                    e.data,
+                    e.len,
+                    e.flags,
+                    sys::MPI_SUCCESS as c_int,
+                )
+            };
         }
         Kind::Claim => {
             // SAFETY: r is a live claim receive (on the heap, owned by a message).
@@ -473,7 +537,12 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
                 (*r).matched_data = e.data;
                 (*r).status.count = e.len;
                 if m.layout.proto(e.tag) == Proto::Sync {
-                    send_ack(m, (*r).comm, m.layout.source(e.tag, e.data), m.layout.sync_id(e.data));
+                    send_ack(
+                        m,
+                        (*r).comm,
+                        m.layout.source(e.tag, e.data),
+                        m.layout.sync_id(e.data),
+                    );
                 }
                 (*r).pending.store(0, Ordering::Release);
             }
@@ -512,7 +581,15 @@ unsafe fn finish_part(r: *mut Request) {
 
 /// # Safety
 /// `r` must be a live receive request.
-unsafe fn recv_done(m: &Mtl, r: *mut Request, tag: u64, data: u64, len: usize, flags: u64, error: c_int) {
+unsafe fn recv_done(
+    m: &Mtl,
+    r: *mut Request,
+    tag: u64,
+    data: u64,
+    len: usize,
+    flags: u64,
+    error: c_int,
+) {
     let l = &m.layout;
     // SAFETY: forwarded.
     unsafe {
@@ -549,7 +626,10 @@ fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32
         unsafe { fi::fi_tinject(m.ep, ptr::null(), 0, addr, tag) }
     });
     if ret < 0 {
-        log::error!("acknowledging a synchronous send to rank {source} failed: {}", crate::fabric::Error::from_ret(ret));
+        log::error!(
+            "acknowledging a synchronous send to rank {source} failed: {}",
+            crate::fabric::Error::from_ret(ret)
+        );
     }
 }
 
@@ -558,7 +638,10 @@ fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32
 unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
     if e.op_context.is_null() {
         m.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
-        log::error!("completion error without context: {}", crate::fabric::Error(e.err));
+        log::error!(
+            "completion error without context: {}",
+            crate::fabric::Error(e.err)
+        );
         return;
     }
     // SAFETY: forwarded.
@@ -578,7 +661,15 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
             // SAFETY: live receive; the provider wrote at most the posted length.
             unsafe {
                 let len = (*r).length;
-                recv_done(m, r, e.tag, e.data, len, e.flags | fi::FI_REMOTE_CQ_DATA as u64, sys::MPI_ERR_TRUNCATE as c_int);
+                recv_done(
+                    m,
+                    r,
+                    e.tag,
+                    e.data,
+                    len,
+                    e.flags | fi::FI_REMOTE_CQ_DATA as u64,
+                    sys::MPI_ERR_TRUNCATE as c_int,
+                );
             }
         }
         Kind::Recv if code == fi::FI_ECANCELED => {
@@ -637,7 +728,15 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
 
 /// Post the send of `data` to `addr` with `tag`. For a synchronous send, first post
 /// the receive of its acknowledgement (so `r.pending` counts two completions).
-fn post_send(m: &Mtl, r: *mut Request, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator_t, tag: c_int, sync: bool) -> c_int {
+fn post_send(
+    m: &Mtl,
+    r: *mut Request,
+    addr: u64,
+    data: &SendData,
+    comm: *mut sys::ompi_communicator_t,
+    tag: c_int,
+    sync: bool,
+) -> c_int {
     let l = &m.layout;
     let me = comm_rank(comm);
     let cid = comm_cid(comm);
@@ -652,7 +751,18 @@ fn post_send(m: &Mtl, r: *mut Request, addr: u64, data: &SendData, comm: *mut sy
         unsafe { (*r).pending.store(2, Ordering::Release) };
         let ret = retry(m, || {
             // SAFETY: zero-byte receive; ctx lives in a leaked Box until completion.
-            unsafe { fi::fi_trecv(m.ep, ptr::null_mut(), 0, ptr::null_mut(), FI_ADDR_UNSPEC, ack_tag, 0, ctx) }
+            unsafe {
+                fi::fi_trecv(
+                    m.ep,
+                    ptr::null_mut(),
+                    0,
+                    ptr::null_mut(),
+                    FI_ADDR_UNSPEC,
+                    ack_tag,
+                    0,
+                    ctx,
+                )
+            }
         });
         if ret < 0 {
             // SAFETY: the receive was not posted, so we still own the Box.
@@ -666,7 +776,18 @@ fn post_send(m: &Mtl, r: *mut Request, addr: u64, data: &SendData, comm: *mut sy
         let ret = retry(m, || {
             // SAFETY: data stays valid until the send completes (the caller keeps it
             // alive: the user buffer, or a pack buffer freed at completion).
-            unsafe { fi::fi_tsenddata(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), cqd, addr, bits, ctx) }
+            unsafe {
+                fi::fi_tsenddata(
+                    m.ep,
+                    data.ptr as *const c_void,
+                    data.len,
+                    ptr::null_mut(),
+                    cqd,
+                    addr,
+                    bits,
+                    ctx,
+                )
+            }
         });
         if ret < 0 {
             // The acknowledgement receive stays posted and is reclaimed at finalize
@@ -684,20 +805,51 @@ fn post_send(m: &Mtl, r: *mut Request, addr: u64, data: &SendData, comm: *mut sy
         let cqd = l.cq_data(me, 0);
         retry(m, || {
             // SAFETY: as above.
-            unsafe { fi::fi_tsenddata(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), cqd, addr, bits, ctx) }
+            unsafe {
+                fi::fi_tsenddata(
+                    m.ep,
+                    data.ptr as *const c_void,
+                    data.len,
+                    ptr::null_mut(),
+                    cqd,
+                    addr,
+                    bits,
+                    ctx,
+                )
+            }
         })
     } else {
         retry(m, || {
             // SAFETY: as above.
-            unsafe { fi::fi_tsend(m.ep, data.ptr as *const c_void, data.len, ptr::null_mut(), addr, bits, ctx) }
+            unsafe {
+                fi::fi_tsend(
+                    m.ep,
+                    data.ptr as *const c_void,
+                    data.len,
+                    ptr::null_mut(),
+                    addr,
+                    bits,
+                    ctx,
+                )
+            }
         })
     };
-    if ret < 0 { fi_to_ompi(ret) } else { sys::OMPI_SUCCESS }
+    if ret < 0 {
+        fi_to_ompi(ret)
+    } else {
+        sys::OMPI_SUCCESS
+    }
 }
 
 /// Send a small message with inject: no completion, the buffer is free on return.
 #[inline]
-fn inject(m: &Mtl, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator_t, tag: c_int) -> c_int {
+fn inject(
+    m: &Mtl,
+    addr: u64,
+    data: &SendData,
+    comm: *mut sys::ompi_communicator_t,
+    tag: c_int,
+) -> c_int {
     let l = &m.layout;
     let me = comm_rank(comm);
     let bits = l.send_tag(comm_cid(comm), me, tag, Proto::Plain);
@@ -705,7 +857,9 @@ fn inject(m: &Mtl, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator
         let cqd = l.cq_data(me, 0);
         retry(m, || {
             // SAFETY: inject copies the data before returning.
-            unsafe { fi::fi_tinjectdata(m.ep, data.ptr as *const c_void, data.len, cqd, addr, bits) }
+            unsafe {
+                fi::fi_tinjectdata(m.ep, data.ptr as *const c_void, data.len, cqd, addr, bits)
+            }
         })
     } else {
         retry(m, || {
@@ -713,11 +867,23 @@ fn inject(m: &Mtl, addr: u64, data: &SendData, comm: *mut sys::ompi_communicator
             unsafe { fi::fi_tinject(m.ep, data.ptr as *const c_void, data.len, addr, bits) }
         })
     };
-    if ret < 0 { fi_to_ompi(ret) } else { sys::OMPI_SUCCESS }
+    if ret < 0 {
+        fi_to_ompi(ret)
+    } else {
+        sys::OMPI_SUCCESS
+    }
 }
 
-fn send_impl(comm: *mut sys::ompi_communicator_t, dest: c_int, tag: c_int, conv: *mut sys::opal_convertor_t, mode: sys::mca_pml_base_send_mode_t) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+fn send_impl(
+    comm: *mut sys::ompi_communicator_t,
+    dest: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    mode: sys::mca_pml_base_send_mode_t,
+) -> c_int {
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     let addr = match peer_addr(comm, dest) {
         Ok(a) => a,
         Err(e) => return e,
@@ -740,7 +906,11 @@ fn send_impl(comm: *mut sys::ompi_communicator_t, dest: c_int, tag: c_int, conv:
         return rc;
     }
     wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
-    if r.status.error != 0 { r.status.error } else { sys::OMPI_SUCCESS }
+    if r.status.error != 0 {
+        r.status.error
+    } else {
+        sys::OMPI_SUCCESS
+    }
 }
 
 fn isend_impl(
@@ -751,7 +921,9 @@ fn isend_impl(
     mode: sys::mca_pml_base_send_mode_t,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     let r = req as *mut Request;
     // SAFETY: the PML allocated mtl_request_size bytes behind req.
     unsafe { Request::init(r, Kind::Send, comm) };
@@ -797,8 +969,16 @@ fn isend_impl(
 // ---------------------------------------------------------------------------
 // Receives and probes
 
-fn irecv_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, conv: *mut sys::opal_convertor_t, req: *mut sys::mca_mtl_request_t) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+fn irecv_impl(
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    conv: *mut sys::opal_convertor_t,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     let r = req as *mut Request;
     // SAFETY: the PML allocated mtl_request_size bytes behind req.
     unsafe { Request::init(r, Kind::Recv, comm) };
@@ -826,7 +1006,18 @@ fn irecv_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, conv:
     let ret = retry(m, || {
         // SAFETY: buf is valid for len bytes until the receive completes (user memory
         // the PML keeps alive, or our buffer freed at completion).
-        unsafe { fi::fi_trecv(m.ep, buf as *mut c_void, len, ptr::null_mut(), addr, bits, ignore, ctx) }
+        unsafe {
+            fi::fi_trecv(
+                m.ep,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                addr,
+                bits,
+                ignore,
+                ctx,
+            )
+        }
     });
     if ret < 0 {
         if owned {
@@ -839,7 +1030,12 @@ fn irecv_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, conv:
 }
 
 /// Peek for a matching message; on success returns (tag bits, cq data, length).
-fn peek(m: &Mtl, comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int) -> Result<Option<(u64, u64, usize)>, c_int> {
+fn peek(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+) -> Result<Option<(u64, u64, usize)>, c_int> {
     let mut addr = FI_ADDR_UNSPEC;
     if src != sys::MPI_ANY_SOURCE && m.directed {
         addr = peer_addr(comm, src)?;
@@ -847,7 +1043,7 @@ fn peek(m: &Mtl, comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int) ->
     let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
     let mut r = Request::internal(Kind::Probe, comm);
     r.pending.store(1, Ordering::Release);
-    let mut msg = fi::fi_msg_tagged {
+    let msg = fi::fi_msg_tagged {
         msg_iov: ptr::null(),
         desc: ptr::null_mut(),
         iov_count: 0,
@@ -859,7 +1055,7 @@ fn peek(m: &Mtl, comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int) ->
     };
     let ret = retry(m, || {
         // SAFETY: a peek transfers no data; msg and r outlive the wait below.
-        unsafe { fi::fi_trecvmsg(m.ep, &mut msg, fi::FI_PEEK as u64) }
+        unsafe { fi::fi_trecvmsg(m.ep, &msg, fi::FI_PEEK as u64) }
     });
     if ret < 0 {
         return Err(fi_to_ompi(ret));
@@ -868,10 +1064,20 @@ fn peek(m: &Mtl, comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int) ->
     if r.status.error != 0 {
         return Err(r.status.error);
     }
-    Ok(if r.probe_found { Some((r.matched_tag, r.matched_data, r.status.count)) } else { None })
+    Ok(if r.probe_found {
+        Some((r.matched_tag, r.matched_data, r.status.count))
+    } else {
+        None
+    })
 }
 
-fn fill_status(status: *mut sys::ompi_status_public_t, l: &TagLayout, bits: u64, data: u64, len: usize) {
+fn fill_status(
+    status: *mut sys::ompi_status_public_t,
+    l: &TagLayout,
+    bits: u64,
+    data: u64,
+    len: usize,
+) {
     if status.is_null() {
         return;
     }
@@ -884,8 +1090,16 @@ fn fill_status(status: *mut sys::ompi_status_public_t, l: &TagLayout, bits: u64,
     }
 }
 
-fn iprobe_impl(comm: *mut sys::ompi_communicator_t, src: c_int, tag: c_int, flag: *mut c_int, status: *mut sys::ompi_status_public_t) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+fn iprobe_impl(
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+    flag: *mut c_int,
+    status: *mut sys::ompi_status_public_t,
+) -> c_int {
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     match peek(m, comm, src, tag) {
         Ok(Some((bits, data, len))) => {
             // SAFETY: flag is valid.
@@ -915,7 +1129,9 @@ fn improbe_impl(
     message: *mut *mut sys::ompi_message_t,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     let found = match peek(m, comm, src, tag) {
         Ok(f) => f,
         Err(e) => return e,
@@ -956,7 +1172,18 @@ fn improbe_impl(
     let ctx = req.ctx_ptr();
     let ret = retry(m, || {
         // SAFETY: buf holds len bytes until the claim completes (we wait below).
-        unsafe { fi::fi_trecv(m.ep, buf as *mut c_void, len, ptr::null_mut(), addr, bits, 0, ctx) }
+        unsafe {
+            fi::fi_trecv(
+                m.ep,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                addr,
+                bits,
+                0,
+                ctx,
+            )
+        }
     });
     if ret < 0 {
         if !buf.is_null() {
@@ -989,8 +1216,14 @@ fn improbe_impl(
     sys::OMPI_SUCCESS
 }
 
-fn imrecv_impl(conv: *mut sys::opal_convertor_t, message: *mut *mut sys::ompi_message_t, req: *mut sys::mca_mtl_request_t) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+fn imrecv_impl(
+    conv: *mut sys::opal_convertor_t,
+    message: *mut *mut sys::ompi_message_t,
+    req: *mut sys::mca_mtl_request_t,
+) -> c_int {
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     // SAFETY: message holds a message we created in improbe.
     let msg = unsafe { *message };
     // SAFETY: req_ptr is the Claimed we leaked there.
@@ -1016,7 +1249,11 @@ fn imrecv_impl(conv: *mut sys::opal_convertor_t, message: *mut *mut sys::ompi_me
         (*r).status.source = m.layout.source(c.matched_tag, c.matched_data);
         (*r).status.tag = m.layout.mpi_tag(c.matched_tag);
         (*r).status.count = n;
-        (*r).status.error = if len > size { sys::MPI_ERR_TRUNCATE as c_int } else { sys::MPI_SUCCESS as c_int };
+        (*r).status.error = if len > size {
+            sys::MPI_ERR_TRUNCATE as c_int
+        } else {
+            sys::MPI_SUCCESS as c_int
+        };
     }
     if c.owns_buffer {
         // SAFETY: allocated in improbe.
@@ -1033,7 +1270,9 @@ fn imrecv_impl(conv: *mut sys::opal_convertor_t, message: *mut *mut sys::ompi_me
 }
 
 fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
-    let Some(m) = mtl() else { return sys::OMPI_ERR_NOT_AVAILABLE };
+    let Some(m) = mtl() else {
+        return sys::OMPI_ERR_NOT_AVAILABLE;
+    };
     let r = req as *mut Request;
     // SAFETY: r is a live request of ours.
     let kind = unsafe { (*r).kind };
@@ -1081,7 +1320,9 @@ pub extern "C" fn mtl_send(
     conv: *mut sys::opal_convertor_t,
     mode: sys::mca_pml_base_send_mode_t,
 ) -> c_int {
-    ffi_guard("mtl send", sys::OMPI_ERROR, || send_impl(comm, dest, tag, conv, mode))
+    ffi_guard("mtl send", sys::OMPI_ERROR, || {
+        send_impl(comm, dest, tag, conv, mode)
+    })
 }
 
 pub extern "C" fn mtl_isend(
@@ -1094,7 +1335,9 @@ pub extern "C" fn mtl_isend(
     _blocking: bool,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl isend", sys::OMPI_ERROR, || isend_impl(comm, dest, tag, conv, mode, req))
+    ffi_guard("mtl isend", sys::OMPI_ERROR, || {
+        isend_impl(comm, dest, tag, conv, mode, req)
+    })
 }
 
 pub extern "C" fn mtl_irecv(
@@ -1105,7 +1348,9 @@ pub extern "C" fn mtl_irecv(
     conv: *mut sys::opal_convertor_t,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl irecv", sys::OMPI_ERROR, || irecv_impl(comm, src, tag, conv, req))
+    ffi_guard("mtl irecv", sys::OMPI_ERROR, || {
+        irecv_impl(comm, src, tag, conv, req)
+    })
 }
 
 pub extern "C" fn mtl_iprobe(
@@ -1116,7 +1361,9 @@ pub extern "C" fn mtl_iprobe(
     flag: *mut c_int,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
-    ffi_guard("mtl iprobe", sys::OMPI_ERROR, || iprobe_impl(comm, src, tag, flag, status))
+    ffi_guard("mtl iprobe", sys::OMPI_ERROR, || {
+        iprobe_impl(comm, src, tag, flag, status)
+    })
 }
 
 pub extern "C" fn mtl_improbe(
@@ -1128,7 +1375,9 @@ pub extern "C" fn mtl_improbe(
     message: *mut *mut sys::ompi_message_t,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
-    ffi_guard("mtl improbe", sys::OMPI_ERROR, || improbe_impl(comm, src, tag, flag, message, status))
+    ffi_guard("mtl improbe", sys::OMPI_ERROR, || {
+        improbe_impl(comm, src, tag, flag, message, status)
+    })
 }
 
 pub extern "C" fn mtl_imrecv(
@@ -1137,9 +1386,15 @@ pub extern "C" fn mtl_imrecv(
     message: *mut *mut sys::ompi_message_t,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl imrecv", sys::OMPI_ERROR, || imrecv_impl(conv, message, req))
+    ffi_guard("mtl imrecv", sys::OMPI_ERROR, || {
+        imrecv_impl(conv, message, req)
+    })
 }
 
-pub extern "C" fn mtl_cancel(_mtl: *mut sys::mca_mtl_base_module_t, req: *mut sys::mca_mtl_request_t, _flag: c_int) -> c_int {
+pub extern "C" fn mtl_cancel(
+    _mtl: *mut sys::mca_mtl_base_module_t,
+    req: *mut sys::mca_mtl_request_t,
+    _flag: c_int,
+) -> c_int {
     ffi_guard("mtl cancel", sys::OMPI_ERROR, || cancel_impl(req))
 }

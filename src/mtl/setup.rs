@@ -64,11 +64,17 @@ pub fn module_ptr() -> *mut sys::mca_mtl_base_module_t {
 }
 
 fn param(i: usize) -> i64 {
-    lock(&super::component::PARAMS).as_ref().map(|p| p.int(i)).unwrap_or(0)
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.int(i))
+        .unwrap_or(0)
 }
 
 fn rejected() -> Vec<String> {
-    lock(&super::component::PARAMS).as_ref().map(|p| p.rejected.clone()).unwrap_or_default()
+    lock(&super::component::PARAMS)
+        .as_ref()
+        .map(|p| p.rejected.clone())
+        .unwrap_or_default()
 }
 
 fn progress_of(v: i64) -> fi::fi_progress {
@@ -80,7 +86,10 @@ fn progress_of(v: i64) -> fi::fi_progress {
 }
 
 /// Build the MTL: choose provider and tag mode, open the endpoint, publish its name.
-pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sys::mca_mtl_base_module_t, String> {
+pub fn init_module(
+    _progress_threads: bool,
+    mpi_threads: bool,
+) -> Result<*mut sys::mca_mtl_base_module_t, String> {
     let bad = rejected();
     if !bad.is_empty() {
         return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
@@ -91,28 +100,46 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
         4 => Some(TagMode::Full),
         _ => None,
     };
-    if param(idx::ENABLE_SEP) != 0 || param(idx::NUM_CTXTS) > 1 || param(idx::THREAD_GROUPING) != 0 {
+    if param(idx::ENABLE_SEP) != 0 || param(idx::NUM_CTXTS) > 1 || param(idx::THREAD_GROUPING) != 0
+    {
         log::warn!(
             "mtl_ofi_enable_sep, mtl_ofi_num_ctxts and mtl_ofi_thread_grouping are accepted for \
              compatibility, but this MTL always uses one regular endpoint (scalable endpoints are \
              not implemented); the values are ignored"
         );
     }
-    let av_type = if param(idx::AV) == 2 { fi::FI_AV_TABLE } else { fi::FI_AV_MAP };
+    let av_type = if param(idx::AV) == 2 {
+        fi::FI_AV_TABLE
+    } else {
+        fi::FI_AV_MAP
+    };
     // SAFETY: opal_process_info and the world size are set up before MTL init.
-    let (local_peers, world) = unsafe { (sys::opal_process_info.num_local_peers, sys::ompi_proc_world_size()) };
+    let (local_peers, world) = unsafe {
+        (
+            sys::opal_process_info.num_local_peers,
+            sys::ompi_proc_world_size(),
+        )
+    };
     let all_local = local_peers + 1 >= world;
     // A job on one node asks for no locality capability at all: shm lists neither
     // FI_LOCAL_COMM nor FI_REMOTE_COMM, and asking for remote communication is what
     // keeps the C MTL off shm.
-    let locality = if all_local { 0 } else { (fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM) as u64 };
-    let threading = if mpi_threads { fi::FI_THREAD_SAFE } else { fi::FI_THREAD_DOMAIN };
+    let locality = if all_local {
+        0
+    } else {
+        fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM
+    };
+    let threading = if mpi_threads {
+        fi::FI_THREAD_SAFE
+    } else {
+        fi::FI_THREAD_DOMAIN
+    };
     let make_hints = |cq_data: bool| -> crate::fabric::Result<Hints> {
         let mut h = Hints::new()?
-            .caps(fi::FI_TAGGED as u64 | fi::FI_DIRECTED_RECV as u64 | locality)
-            .mode((fi::FI_CONTEXT | fi::FI_CONTEXT2) as u64)
+            .caps(fi::FI_TAGGED as u64 | fi::FI_DIRECTED_RECV | locality)
+            .mode(fi::FI_CONTEXT | fi::FI_CONTEXT2)
             .ep_type(fi::FI_EP_RDM)
-            .mr_mode((fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY) as u32)
+            .mr_mode(fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY)
             .av_type(av_type)
             .threading(threading)
             .control_progress(progress_of(param(idx::CONTROL_PROGRESS)))
@@ -133,17 +160,21 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
     .map_err(|e| e.to_string())?;
     let info = domain.info();
     let cq_data = info.cq_data_size();
-    let directed = info.caps() & fi::FI_DIRECTED_RECV as u64 != 0;
+    let directed = info.caps() & fi::FI_DIRECTED_RECV != 0;
     let mode = match requested {
         None if cq_data >= 8 && directed => TagMode::Full,
         None => TagMode::Tag1,
         Some(TagMode::Full) if cq_data < 8 || !directed => {
             return Err(format!(
-                "mtl_ofi_tag_mode=ofi_tag_full needs 8 bytes of remote CQ data and directed receives, \
+            "mtl_ofi_tag_mode=ofi_tag_full needs 8 bytes of remote CQ data and directed receives, \
                  provider {} offers {cq_data} bytes{}; use ofi_tag_1 or ofi_tag_2",
-                info.provider_name(),
-                if directed { "" } else { " and no directed receive" }
-            ))
+            info.provider_name(),
+            if directed {
+                ""
+            } else {
+                " and no directed receive"
+            }
+        ))
         }
         Some(m) => m,
     };
@@ -160,15 +191,29 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
 
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = domain.domain().clone();
-    let cq = CompletionQueue::open(&dom, &CqAttr { size: 0, ..Default::default() }).map_err(|x| e("fi_cq_open", x))?;
-    let av = AddressVector::open(&dom, &AvAttr { av_type, count: world.max(1) as usize })
-        .map_err(|x| e("fi_av_open", x))?;
+    let cq = CompletionQueue::open(
+        &dom,
+        &CqAttr {
+            size: 0,
+            ..Default::default()
+        },
+    )
+    .map_err(|x| e("fi_cq_open", x))?;
+    let av = AddressVector::open(
+        &dom,
+        &AvAttr {
+            av_type,
+            count: world.max(1) as usize,
+        },
+    )
+    .map_err(|x| e("fi_av_open", x))?;
     let ep = Endpoint::open(&dom, Some(domain.info())).map_err(|x| e("fi_endpoint", x))?;
-    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64).map_err(|x| e("fi_ep_bind(cq)", x))?;
+    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
+        .map_err(|x| e("fi_ep_bind(cq)", x))?;
     ep.bind_av(&av).map_err(|x| e("fi_ep_bind(av)", x))?;
     ep.enable().map_err(|x| e("fi_enable", x))?;
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
-    modex::send(super::component::component_ptr(), &name)
+    modex::send(super::component::component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
     let events = param(idx::PROGRESS_EVENT_CNT).max(1) as usize;
@@ -177,13 +222,21 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
         cq: cq.as_ptr(),
         layout,
         inject_size,
-        directed,
+        // Only the full layout needs directed receives (the source is not in the tag);
+        // the others match the source in the tag bits.
+        directed: directed && layout.source_in_data(),
         events_per_progress: events,
         lock: datapath::MaybeLock::new(threaded_lock),
         sync_ids: AtomicU32::new(0),
         counters: Default::default(),
     });
-    *lock(&RESOURCES) = Some(Resources { _ep: ep, _cq: cq, av, _domain: domain, peers: Vec::new() });
+    *lock(&RESOURCES) = Some(Resources {
+        _ep: ep,
+        _cq: cq,
+        av,
+        _domain: domain,
+        peers: Vec::new(),
+    });
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
     unsafe { sys::opal_progress_register(Some(datapath::progress_cb)) };
@@ -211,7 +264,9 @@ pub fn init_module(_progress_threads: bool, mpi_threads: bool) -> Result<*mut sy
 /// Insert `procs` into the address vector (from their modex entries).
 pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int> {
     let mut res = lock(&RESOURCES);
-    let Some(res) = res.as_mut() else { return Err(sys::OMPI_ERR_NOT_AVAILABLE) };
+    let Some(res) = res.as_mut() else {
+        return Err(sys::OMPI_ERR_NOT_AVAILABLE);
+    };
     for &p in procs.iter() {
         // SAFETY: p is a live proc from the PML.
         let slot = unsafe { &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] };
@@ -220,9 +275,10 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
         }
         // SAFETY: p is live; the glue returns its embedded process name.
         let name = unsafe { &*glue::ompi_ofi_glue_proc_name(p) };
-        let addr = modex::recv(super::component::component_ptr(), name).map_err(|rc| {
-            log::error!("no endpoint name of a peer in the modex ({rc}): is the peer running our MTL?");
-            rc
+        let addr = modex::recv(super::component::component(), name).inspect_err(|rc| {
+            log::error!(
+                "no endpoint name of a peer in the modex ({rc}): is the peer running our MTL?"
+            );
         })?;
         let fiaddr = res.av.insert(&addr).map_err(|e| {
             log::error!("fi_av_insert of a peer's address failed: {e}");
@@ -251,7 +307,11 @@ fn release_peers(res: &mut Resources, only: Option<&[*mut sys::ompi_proc_t]>) {
     });
 }
 
-extern "C" fn mtl_add_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, procs: *mut *mut sys::ompi_proc_t) -> c_int {
+extern "C" fn mtl_add_procs(
+    _m: *mut sys::mca_mtl_base_module_t,
+    nprocs: usize,
+    procs: *mut *mut sys::ompi_proc_t,
+) -> c_int {
     ffi_guard("mtl add_procs", sys::OMPI_ERROR, || {
         if nprocs == 0 || procs.is_null() {
             return sys::OMPI_SUCCESS;
@@ -265,7 +325,11 @@ extern "C" fn mtl_add_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, 
     })
 }
 
-extern "C" fn mtl_del_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, procs: *mut *mut sys::ompi_proc_t) -> c_int {
+extern "C" fn mtl_del_procs(
+    _m: *mut sys::mca_mtl_base_module_t,
+    nprocs: usize,
+    procs: *mut *mut sys::ompi_proc_t,
+) -> c_int {
     ffi_guard("mtl del_procs", sys::OMPI_ERROR, || {
         if nprocs == 0 || procs.is_null() {
             return sys::OMPI_SUCCESS;
@@ -279,7 +343,10 @@ extern "C" fn mtl_del_procs(_m: *mut sys::mca_mtl_base_module_t, nprocs: usize, 
     })
 }
 
-extern "C" fn mtl_add_comm(_m: *mut sys::mca_mtl_base_module_t, comm: *mut sys::ompi_communicator_t) -> c_int {
+extern "C" fn mtl_add_comm(
+    _m: *mut sys::mca_mtl_base_module_t,
+    comm: *mut sys::ompi_communicator_t,
+) -> c_int {
     ffi_guard("mtl add_comm", sys::OMPI_ERROR, || {
         // SAFETY: MODULE is initialised before the PML adds communicators.
         let max = unsafe { (*MODULE.get()).mtl_max_contextid } as u32;
@@ -300,7 +367,10 @@ extern "C" fn mtl_add_comm(_m: *mut sys::mca_mtl_base_module_t, comm: *mut sys::
     })
 }
 
-extern "C" fn mtl_del_comm(_m: *mut sys::mca_mtl_base_module_t, _comm: *mut sys::ompi_communicator_t) -> c_int {
+extern "C" fn mtl_del_comm(
+    _m: *mut sys::mca_mtl_base_module_t,
+    _comm: *mut sys::ompi_communicator_t,
+) -> c_int {
     sys::OMPI_SUCCESS
 }
 

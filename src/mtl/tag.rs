@@ -68,7 +68,11 @@ impl TagLayout {
         };
         let tag_mask = (1u64 << tag_bits) - 1;
         let source_shift = tag_bits + PROTO_BITS;
-        let source_mask = if source_bits == 0 { 0 } else { (1u64 << source_bits) - 1 };
+        let source_mask = if source_bits == 0 {
+            0
+        } else {
+            (1u64 << source_bits) - 1
+        };
         TagLayout {
             mode,
             cid_bits,
@@ -100,7 +104,11 @@ impl TagLayout {
 
     /// Largest source rank this layout can carry (unbounded with CQ data).
     pub fn max_source(&self) -> u64 {
-        if self.source_in_data() { u32::MAX as u64 } else { self.source_mask }
+        if self.source_in_data() {
+            u32::MAX as u64
+        } else {
+            self.source_mask
+        }
     }
 
     /// The tag a send carries.
@@ -170,7 +178,11 @@ impl TagLayout {
     /// The synchronous-send id found in a message's remote CQ data.
     #[inline]
     pub fn sync_id(&self, data: u64) -> u32 {
-        if self.source_in_data() { (data >> 32) as u32 } else { data as u32 }
+        if self.source_in_data() {
+            (data >> 32) as u32
+        } else {
+            data as u32
+        }
     }
 
     #[inline]
@@ -244,7 +256,10 @@ mod tests {
                     }
                     let ack = l.ack_tag(id);
                     assert_eq!(l.proto(ack), Proto::Ack);
-                    assert!(!matches(l.recv_bits(cid, src, tag), ack), "an ack is never an MPI message");
+                    assert!(
+                        !matches(l.recv_bits(cid, src, tag), ack),
+                        "an ack is never an MPI message"
+                    );
                     assert!(matches((ack, 0), ack));
                 }
             }
@@ -258,11 +273,20 @@ mod tests {
             let any = l.recv_bits(3, -1, -1);
             assert!(matches(any, l.send_tag(3, 1, 42, Proto::Plain)));
             assert!(matches(any, l.send_tag(3, 1, 0, Proto::Sync)));
-            assert!(!matches(any, l.send_tag(3, 1, -10, Proto::Plain)), "collective tags are not MPI_ANY_TAG");
+            assert!(
+                !matches(any, l.send_tag(3, 1, -10, Proto::Plain)),
+                "collective tags are not MPI_ANY_TAG"
+            );
             assert!(!matches(any, l.send_tag(4, 1, 42, Proto::Plain)));
-            assert!(!matches(l.recv_bits(3, 1, 5), l.send_tag(3, 1, 6, Proto::Plain)));
+            assert!(!matches(
+                l.recv_bits(3, 1, 5),
+                l.send_tag(3, 1, 6, Proto::Plain)
+            ));
             if !l.source_in_data() {
-                assert!(!matches(l.recv_bits(3, 2, 5), l.send_tag(3, 1, 5, Proto::Plain)));
+                assert!(!matches(
+                    l.recv_bits(3, 2, 5),
+                    l.send_tag(3, 1, 5, Proto::Plain)
+                ));
             }
         }
     }

@@ -16,7 +16,10 @@ unsafe extern "C" {
         size: *mut usize,
     ) -> c_int;
     pub fn ompi_ofi_glue_free(p: *mut c_void);
-    pub fn ompi_ofi_glue_comm_peer(comm: *mut sys::ompi_communicator_t, rank: c_int) -> *mut sys::ompi_proc_t;
+    pub fn ompi_ofi_glue_comm_peer(
+        comm: *mut sys::ompi_communicator_t,
+        rank: c_int,
+    ) -> *mut sys::ompi_proc_t;
     pub fn ompi_ofi_glue_comm_remote_size(comm: *mut sys::ompi_communicator_t) -> c_int;
     pub fn ompi_ofi_glue_convertor_info(
         conv: *mut sys::opal_convertor_t,

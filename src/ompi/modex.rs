@@ -6,15 +6,24 @@ use ompi_sys as sys;
 use std::os::raw::c_void;
 
 /// Publish `data` for this process under `component`'s key.
-pub fn send(component: *const sys::mca_base_component_t, data: &[u8]) -> Result<(), i32> {
+pub fn send(component: &sys::mca_base_component_t, data: &[u8]) -> Result<(), i32> {
     // SAFETY: component points to our component struct; data is valid for the call
     // and copied by PMIx.
-    let rc = unsafe { glue::ompi_ofi_glue_modex_send(component, data.as_ptr() as *const c_void, data.len()) };
-    if rc == sys::OPAL_SUCCESS { Ok(()) } else { Err(rc) }
+    let rc = unsafe {
+        glue::ompi_ofi_glue_modex_send(component, data.as_ptr() as *const c_void, data.len())
+    };
+    if rc == sys::OPAL_SUCCESS {
+        Ok(())
+    } else {
+        Err(rc)
+    }
 }
 
 /// Fetch what `peer` published under `component`'s key.
-pub fn recv(component: *const sys::mca_base_component_t, peer: &sys::opal_process_name_t) -> Result<Vec<u8>, i32> {
+pub fn recv(
+    component: &sys::mca_base_component_t,
+    peer: &sys::opal_process_name_t,
+) -> Result<Vec<u8>, i32> {
     let mut data: *mut c_void = std::ptr::null_mut();
     let mut size = 0usize;
     // SAFETY: all pointers valid; on success data is a malloc'ed buffer of size bytes

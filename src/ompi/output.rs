@@ -56,9 +56,18 @@ impl Log for OpalLogger {
             _ => "",
         };
         let msg = format!(" ofi/{target}: {what}{}\n", r.args());
-        let Ok(c) = CString::new(msg.replace('\0', " ")) else { return };
+        let Ok(c) = CString::new(msg.replace('\0', " ")) else {
+            return;
+        };
         // SAFETY: a fixed "%s" format with one valid C string argument.
-        unsafe { sys::opal_output_verbose(level_number(r.level()), stream.max(0), c"%s".as_ptr(), c.as_ptr()) };
+        unsafe {
+            sys::opal_output_verbose(
+                level_number(r.level()),
+                stream.max(0),
+                c"%s".as_ptr(),
+                c.as_ptr(),
+            )
+        };
     }
 
     fn flush(&self) {}

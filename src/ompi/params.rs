@@ -19,7 +19,10 @@ pub enum Kind {
     Size(u64),
     Bool(bool),
     Str(&'static str),
-    Enum { default: i32, values: &'static [(i32, &'static str)] },
+    Enum {
+        default: i32,
+        values: &'static [(i32, &'static str)],
+    },
 }
 
 /// One row of a parameter table.
@@ -67,9 +70,16 @@ impl Registered {
             Owner::Common => "opal_common_ofi_".to_string(),
             Owner::Component(c) => format!("{}_ofi_", component_type(c)),
         };
-        let mut reg = Registered { specs, cells, indices: Vec::new(), rejected: Vec::new(), full_prefix };
+        let mut reg = Registered {
+            specs,
+            cells,
+            indices: Vec::new(),
+            rejected: Vec::new(),
+            full_prefix,
+        };
         if cells.is_null() {
-            reg.rejected.push("out of memory registering MCA parameters".into());
+            reg.rejected
+                .push("out of memory registering MCA parameters".into());
             return reg;
         }
         for (i, spec) in specs.iter().enumerate() {
@@ -119,7 +129,10 @@ impl Registered {
         let name = CString::new(spec.name).unwrap_or_default();
         let help = CString::new(spec.help).unwrap_or_default();
         let (scope, flags) = if spec.readonly {
-            (sys::MCA_BASE_VAR_SCOPE_CONSTANT, sys::MCA_BASE_VAR_FLAG_DEFAULT_ONLY)
+            (
+                sys::MCA_BASE_VAR_SCOPE_CONSTANT,
+                sys::MCA_BASE_VAR_FLAG_DEFAULT_ONLY,
+            )
         } else {
             (sys::MCA_BASE_VAR_SCOPE_READONLY, 0)
         };
@@ -233,7 +246,11 @@ impl Registered {
         }
         // SAFETY: checked non-null above.
         let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-        if s.is_empty() { None } else { Some(s) }
+        if s.is_empty() {
+            None
+        } else {
+            Some(s)
+        }
     }
 
     /// The name of an enum parameter's current value.
@@ -270,7 +287,14 @@ impl Registered {
         }
         let mut source: sys::mca_base_var_source_t = sys::MCA_BASE_VAR_SOURCE_DEFAULT;
         // SAFETY: idx is a valid variable index; source is a valid out pointer.
-        let rc = unsafe { sys::mca_base_var_get_value(idx, std::ptr::null_mut(), &mut source, std::ptr::null_mut()) };
+        let rc = unsafe {
+            sys::mca_base_var_get_value(
+                idx,
+                std::ptr::null_mut(),
+                &mut source,
+                std::ptr::null_mut(),
+            )
+        };
         rc == sys::OPAL_SUCCESS && source != sys::MCA_BASE_VAR_SOURCE_DEFAULT
     }
 }
@@ -278,7 +302,9 @@ impl Registered {
 fn component_type(c: *const sys::mca_base_component_t) -> String {
     // SAFETY: c points to one of our component structs, whose type name is a
     // NUL-terminated array.
-    unsafe { CStr::from_ptr((*c).mca_type_name.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr((*c).mca_type_name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Enumerators are built at registration and handed to Open MPI, which copies the
@@ -287,19 +313,32 @@ static ENUM_LOCK: Mutex<()> = Mutex::new(());
 
 fn make_enum(name: &str, values: &[(i32, &'static str)]) -> *mut sys::mca_base_var_enum_t {
     let _g = ENUM_LOCK.lock();
-    let strings: Vec<CString> = values.iter().map(|(_, s)| CString::new(*s).unwrap_or_default()).collect();
+    let strings: Vec<CString> = values
+        .iter()
+        .map(|(_, s)| CString::new(*s).unwrap_or_default())
+        .collect();
     let mut table: Vec<sys::mca_base_var_enum_value_t> = values
         .iter()
         .zip(&strings)
-        .map(|((v, _), s)| sys::mca_base_var_enum_value_t { value: *v, string: s.as_ptr() })
+        .map(|((v, _), s)| sys::mca_base_var_enum_value_t {
+            value: *v,
+            string: s.as_ptr(),
+        })
         .collect();
-    table.push(sys::mca_base_var_enum_value_t { value: 0, string: std::ptr::null() });
+    table.push(sys::mca_base_var_enum_value_t {
+        value: 0,
+        string: std::ptr::null(),
+    });
     let ename = CString::new(format!("ompi_ofi_{name}")).unwrap_or_default();
     let mut out: *mut sys::mca_base_var_enum_t = std::ptr::null_mut();
     // SAFETY: table is NUL-terminated and valid for the call; Open MPI copies the
     // value strings into the enumerator it creates.
     let rc = unsafe { sys::mca_base_var_enum_create(ename.as_ptr(), table.as_ptr(), &mut out) };
-    if rc != sys::OPAL_SUCCESS { std::ptr::null_mut() } else { out }
+    if rc != sys::OPAL_SUCCESS {
+        std::ptr::null_mut()
+    } else {
+        out
+    }
 }
 
 unsafe extern "C" {
@@ -316,25 +355,51 @@ unsafe fn release_enum(e: *mut sys::mca_base_var_enum_t) {
 /// The README's parameter table, generated from the same specs.
 pub fn markdown_table() -> String {
     let mut s = String::from("| parameter | default | level | meaning |\n|---|---|---|---|\n");
-    for (prefix, specs) in [("opal_common_ofi_", COMMON), ("mtl_ofi_", MTL), ("btl_ofi_", BTL)] {
+    for (prefix, specs) in [
+        ("opal_common_ofi_", COMMON),
+        ("mtl_ofi_", MTL),
+        ("btl_ofi_", BTL),
+    ] {
         for p in specs {
             let def = match p.kind {
                 Kind::Int(v) => v.to_string(),
                 Kind::Size(v) => v.to_string(),
                 Kind::Bool(v) => v.to_string(),
-                Kind::Str(v) => if v.is_empty() { "(empty)".into() } else { v.to_string() },
+                Kind::Str(v) => {
+                    if v.is_empty() {
+                        "(empty)".into()
+                    } else {
+                        v.to_string()
+                    }
+                }
                 Kind::Enum { default, values } => {
                     let names: Vec<&str> = values.iter().map(|(_, n)| *n).collect();
-                    let d = values.iter().find(|(v, _)| *v == default).map(|(_, n)| *n).unwrap_or("");
+                    let d = values
+                        .iter()
+                        .find(|(v, _)| *v == default)
+                        .map(|(_, n)| *n)
+                        .unwrap_or("");
                     format!("{d} ({})", names.join(" \\| "))
                 }
             };
             let syn = if p.synonyms.is_empty() {
                 String::new()
             } else {
-                format!(" (also {})", p.synonyms.iter().map(|s| format!("`{s}_ofi_{}`", p.name)).collect::<Vec<_>>().join(", "))
+                format!(
+                    " (also {})",
+                    p.synonyms
+                        .iter()
+                        .map(|s| format!("`{s}_ofi_{}`", p.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             };
-            s.push_str(&format!("| `{prefix}{}`{syn} | {def} | {} | {} |\n", p.name, p.level, p.help.replace('|', "\\|")));
+            s.push_str(&format!(
+                "| `{prefix}{}`{syn} | {def} | {} | {} |\n",
+                p.name,
+                p.level,
+                p.help.replace('|', "\\|")
+            ));
         }
     }
     s
@@ -353,8 +418,14 @@ mod tests {
             assert_eq!(names.len(), specs.len(), "duplicate parameter names");
         }
         assert_eq!(COMMON[common::PROVIDER_EXCLUDE].name, "provider_exclude");
-        assert!(matches!(COMMON[common::PROVIDER_EXCLUDE].kind, Kind::Str("shm,sockets,tcp,udp,rstream,usnic,net")));
-        assert!(matches!(MTL[mtl::TAG_MODE].kind, Kind::Enum { default: 1, .. }));
+        assert!(matches!(
+            COMMON[common::PROVIDER_EXCLUDE].kind,
+            Kind::Str("shm,sockets,tcp,udp,rstream,usnic,net")
+        ));
+        assert!(matches!(
+            MTL[mtl::TAG_MODE].kind,
+            Kind::Enum { default: 1, .. }
+        ));
     }
 
     #[test]

@@ -51,13 +51,18 @@ fn main() {
         if has_header(&incs) {
             found = Some((incs, vec![d.join("lib"), d.join("lib64")]));
         } else {
-            failures.push(format!("LIBFABRIC_DIR={dir}: no include/rdma/fabric.h there"));
+            failures.push(format!(
+                "LIBFABRIC_DIR={dir}: no include/rdma/fabric.h there"
+            ));
         }
     }
     if found.is_none() {
         match pkg_config() {
             Ok(p) if has_header(&p.0) => found = Some(p),
-            Ok(p) => failures.push(format!("pkg-config: include dirs {:?} lack rdma/fabric.h", p.0)),
+            Ok(p) => failures.push(format!(
+                "pkg-config: include dirs {:?} lack rdma/fabric.h",
+                p.0
+            )),
             Err(e) => failures.push(e),
         }
     }
@@ -105,12 +110,21 @@ fn main() {
     cc.file(wrap_c.with_extension("c"))
         .include(env::var("CARGO_MANIFEST_DIR").unwrap())
         .flag("-include")
-        .flag(format!("{}/wrapper.h", env::var("CARGO_MANIFEST_DIR").unwrap()))
+        .flag(format!(
+            "{}/wrapper.h",
+            env::var("CARGO_MANIFEST_DIR").unwrap()
+        ))
         .warnings(false)
         .flag_if_supported("-fPIC");
     for i in &incs {
         cc.include(i);
     }
     cc.compile("fi_static_wrappers");
-    println!("cargo:include={}", incs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":"));
+    println!(
+        "cargo:include={}",
+        incs.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    );
 }

@@ -35,7 +35,10 @@ fn pkg_config(arg: &str, prefix: &str) -> Result<Vec<PathBuf>, String> {
         .output()
         .map_err(|e| format!("pkg-config {arg} ompi: {e}"))?;
     if !out.status.success() {
-        return Err(format!("pkg-config {arg} ompi: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "pkg-config {arg} ompi: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -57,11 +60,15 @@ fn main() {
 
     if let Ok(incs) = env::var("OMPI_OFI_INCDIRS") {
         let incs = split(&incs);
-        let libs = env::var("OMPI_OFI_LIBDIRS").map(|l| split(&l)).unwrap_or_default();
+        let libs = env::var("OMPI_OFI_LIBDIRS")
+            .map(|l| split(&l))
+            .unwrap_or_default();
         if usable(&incs) {
             found = Some((incs, libs));
         } else {
-            failures.push(format!("OMPI_OFI_INCDIRS={incs:?}: no ompi/mca/mtl/mtl.h (devel headers)"));
+            failures.push(format!(
+                "OMPI_OFI_INCDIRS={incs:?}: no ompi/mca/mtl/mtl.h (devel headers)"
+            ));
         }
     }
     if found.is_none() {
@@ -75,9 +82,14 @@ fn main() {
         }
     }
     if found.is_none() {
-        match (pkg_config("--cflags-only-I", "-I"), pkg_config("--libs-only-L", "-L")) {
+        match (
+            pkg_config("--cflags-only-I", "-I"),
+            pkg_config("--libs-only-L", "-L"),
+        ) {
             (Ok(i), Ok(l)) if usable(&i) => found = Some((i, l)),
-            (Ok(i), Ok(_)) => failures.push(format!("pkg-config ompi: {i:?} lack ompi/mca/mtl/mtl.h")),
+            (Ok(i), Ok(_)) => {
+                failures.push(format!("pkg-config ompi: {i:?} lack ompi/mca/mtl/mtl.h"))
+            }
             (Err(e), _) | (_, Err(e)) => failures.push(e),
         }
     }
@@ -93,7 +105,12 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=open-pal");
     println!("cargo:rustc-link-lib=dylib=mpi");
     // Published to dependents (DEP_OPEN_PAL_INCLUDE / DEP_OPEN_PAL_LIBDIRS) for opal_glue.
-    let j = |v: &[PathBuf]| v.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+    let j = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    };
     println!("cargo:include={}", j(&incs));
     println!("cargo:libdirs={}", j(&libs));
 
@@ -111,7 +128,11 @@ fn main() {
     for i in &incs {
         b = b.clang_arg(format!("-I{}", i.display()));
     }
-    let bindings = b.generate().expect("bindgen over the Open MPI headers failed");
+    let bindings = b
+        .generate()
+        .expect("bindgen over the Open MPI headers failed");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    bindings.write_to_file(out.join("bindings.rs")).expect("write bindings");
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .expect("write bindings");
 }

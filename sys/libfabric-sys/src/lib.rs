@@ -3,7 +3,12 @@
 //! The `static inline` API calls (`fi_domain`, `fi_close`, `fi_tsend`, ...) are reached
 //! through C wrappers that bindgen generates and build.rs compiles; they keep their names.
 //! Function-like macros are re-implemented in [`macros`].
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 #![allow(clippy::all)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
