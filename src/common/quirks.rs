@@ -21,7 +21,9 @@ pub struct Quirks {
 pub fn of(provider: &str) -> Quirks {
     let layers: Vec<&str> = provider.split(';').collect();
     Quirks {
-        truncation_unsafe: layers.iter().any(|l| matches!(*l, "ofi_rxm" | "ofi_rxd" | "net" | "sockets" | "shm")),
+        truncation_unsafe: layers
+            .iter()
+            .any(|l| matches!(*l, "ofi_rxm" | "ofi_rxd" | "net" | "sockets" | "shm")),
         unexpected_ignores_mask: layers.first() == Some(&"shm"),
     }
 }

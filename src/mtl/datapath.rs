@@ -250,7 +250,10 @@ pub struct PeerEndpoint {
 
 /// The fabric address of `rank` in `comm`, adding the proc if it was not yet known.
 #[inline]
-pub(super) fn peer_addr(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<fi::fi_addr_t, c_int> {
+pub(super) fn peer_addr(
+    comm: *mut sys::ompi_communicator_t,
+    rank: c_int,
+) -> Result<fi::fi_addr_t, c_int> {
     // SAFETY: comm is a live communicator the PML passed; the glue resolves sentinels.
     let proc_ = unsafe { glue::ompi_ofi_glue_comm_peer(comm, rank) };
     if proc_.is_null() {
@@ -959,7 +962,11 @@ fn send_impl(
             return rc;
         }
         wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
-        return if r.status.error != 0 { r.status.error } else { sys::OMPI_SUCCESS };
+        return if r.status.error != 0 {
+            r.status.error
+        } else {
+            sys::OMPI_SUCCESS
+        };
     }
     if !sync && data.len <= m.inject_size {
         return inject(m, addr, &data, comm, tag);
@@ -982,10 +989,18 @@ fn send_impl(
 }
 
 /// The envelope of a software-matched send: tag bits and CQ-data word.
-fn soft_envelope(m: &Mtl, comm: *mut sys::ompi_communicator_t, tag: c_int, sync: bool) -> (u64, u64) {
+fn soft_envelope(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    tag: c_int,
+    sync: bool,
+) -> (u64, u64) {
     let me = comm_rank(comm);
     let proto = if sync { Proto::Sync } else { Proto::Plain };
-    (m.layout.send_tag(comm_cid(comm), me, tag, proto), m.layout.cq_data(me, 0))
+    (
+        m.layout.send_tag(comm_cid(comm), me, tag, proto),
+        m.layout.cq_data(me, 0),
+    )
 }
 
 fn isend_impl(
@@ -1352,7 +1367,17 @@ fn improbe_impl(
         return req.status.error;
     }
     let (mbits, mdata, mlen) = (req.matched_tag, req.matched_data, req.status.count);
-    publish_message(m, comm, Claimed::Fabric(req), mbits, mdata, mlen, flag, message, status)
+    publish_message(
+        m,
+        comm,
+        Claimed::Fabric(req),
+        mbits,
+        mdata,
+        mlen,
+        flag,
+        message,
+        status,
+    )
 }
 
 /// Hand a claimed message to Open MPI as an `MPI_Message`.

@@ -272,7 +272,8 @@ pub fn init_module(
     let mut state = state;
     if soft {
         let mut sm = Box::new(super::softmatch::SoftMatch::new(dom.clone()));
-        sm.post_bounces(&state).map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
+        sm.post_bounces(&state)
+            .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
         state.soft = Some(sm);
     }
     *lock(&RESOURCES) = Some(Resources {

@@ -10,6 +10,7 @@
 //! - `FIN`: the read is done (the sender's request completes; it also acknowledges a
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
+//!
 //! The receiver keeps `BOUNCE_COUNT` receive buffers posted, a list of posted MPI
 //! receives and a list of unexpected messages, both in arrival order, under one lock.
 //! `FIN` and `ACK` carry the sender's request pointer as a token.
@@ -100,7 +101,10 @@ fn lock(l: &Mutex<Lists>) -> std::sync::MutexGuard<'_, Lists> {
 impl SoftMatch {
     pub fn new(domain: Arc<Domain>) -> SoftMatch {
         SoftMatch {
-            lists: Mutex::new(Lists { posted: VecDeque::new(), unexpected: VecDeque::new() }),
+            lists: Mutex::new(Lists {
+                posted: VecDeque::new(),
+                unexpected: VecDeque::new(),
+            }),
             bounces: Vec::new(),
             domain,
             next_key: AtomicU64::new(1),
@@ -143,10 +147,22 @@ fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
     let ret = datapath::retry(m, || {
         // SAFETY: see above.
-        unsafe { fi::fi_recv(m.ep, buf as *mut c_void, len, ptr::null_mut(), FI_ADDR_UNSPEC, ctx) }
+        unsafe {
+            fi::fi_recv(
+                m.ep,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                FI_ADDR_UNSPEC,
+                ctx,
+            )
+        }
     });
     if ret < 0 {
-        log::error!("reposting a receive buffer failed: {}", crate::fabric::Error::from_ret(ret));
+        log::error!(
+            "reposting a receive buffer failed: {}",
+            crate::fabric::Error::from_ret(ret)
+        );
         return Err(datapath::fi_to_ompi(ret));
     }
     Ok(())
@@ -154,13 +170,20 @@ fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
 
 /// Send a control message (FIN or ACK) with `token` to `addr`.
 fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
-    let h = Hdr { kind, token, ..Default::default() };
+    let h = Hdr {
+        kind,
+        token,
+        ..Default::default()
+    };
     let ret = datapath::retry(m, || {
         // SAFETY: inject copies the header before returning.
         unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
     });
     if ret < 0 {
-        log::error!("sending a protocol message failed: {}", crate::fabric::Error::from_ret(ret));
+        log::error!(
+            "sending a protocol message failed: {}",
+            crate::fabric::Error::from_ret(ret)
+        );
     }
 }
 
@@ -188,15 +211,27 @@ pub fn send(
     let rq = unsafe { &mut *r };
     rq.sm_addr = addr;
     if len <= EAGER_MAX {
-        rq.sm_hdr = Hdr { kind: EAGER, bits, data, len: len as u64, token: r as u64, ..Default::default() };
-        rq.pending.store(if sync { 2 } else { 1 }, Ordering::Release);
+        rq.sm_hdr = Hdr {
+            kind: EAGER,
+            bits,
+            data,
+            len: len as u64,
+            token: r as u64,
+            ..Default::default()
+        };
+        rq.pending
+            .store(if sync { 2 } else { 1 }, Ordering::Release);
         let total = HDR_LEN + len;
         if total <= m.inject_size && !sync {
             let mut tmp = [0u8; 4096];
             if total <= tmp.len() {
                 // SAFETY: both sources hold the bytes copied.
                 unsafe {
-                    ptr::copy_nonoverlapping(&rq.sm_hdr as *const Hdr as *const u8, tmp.as_mut_ptr(), HDR_LEN);
+                    ptr::copy_nonoverlapping(
+                        &rq.sm_hdr as *const Hdr as *const u8,
+                        tmp.as_mut_ptr(),
+                        HDR_LEN,
+                    );
                     if len > 0 {
                         ptr::copy_nonoverlapping(ptr_, tmp.as_mut_ptr().add(HDR_LEN), len);
                     }
@@ -213,8 +248,14 @@ pub fn send(
             }
         }
         let iov = [
-            fi::iovec { iov_base: &mut rq.sm_hdr as *mut Hdr as *mut c_void, iov_len: HDR_LEN },
-            fi::iovec { iov_base: ptr_ as *mut c_void, iov_len: len },
+            fi::iovec {
+                iov_base: &mut rq.sm_hdr as *mut Hdr as *mut c_void,
+                iov_len: HDR_LEN,
+            },
+            fi::iovec {
+                iov_base: ptr_ as *mut c_void,
+                iov_len: len,
+            },
         ];
         let ctx = rq.ctx_ptr();
         let n = if len == 0 { 1 } else { 2 };
@@ -223,13 +264,25 @@ pub fn send(
             // buffer until the send completes.
             unsafe { fi::fi_sendv(m.ep, iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
         });
-        return if ret < 0 { datapath::fi_to_ompi(ret) } else { sys::OMPI_SUCCESS };
+        return if ret < 0 {
+            datapath::fi_to_ompi(ret)
+        } else {
+            sys::OMPI_SUCCESS
+        };
     }
     // Rendezvous: expose the buffer, send the RTS, wait for FIN.
     let key = sm.next_key.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the buffer stays valid until FIN, when the registration is dropped.
     let mr = unsafe {
-        MemoryRegion::register(&sm.domain, ptr_ as *const c_void, len, fi::FI_REMOTE_READ as u64, 0, key, 0)
+        MemoryRegion::register(
+            &sm.domain,
+            ptr_ as *const c_void,
+            len,
+            fi::FI_REMOTE_READ as u64,
+            0,
+            key,
+            0,
+        )
     };
     let mr = match mr {
         Ok(mr) => mr,
@@ -299,7 +352,17 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 control(m, addr, ACK, hdr.token);
             }
             // SAFETY: r is live.
-            unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, bytes.len(), 0, sys::MPI_SUCCESS as c_int) };
+            unsafe {
+                datapath::recv_done(
+                    m,
+                    r,
+                    hdr.bits,
+                    hdr.data,
+                    bytes.len(),
+                    0,
+                    sys::MPI_SUCCESS as c_int,
+                )
+            };
         }
         Delivery::Rts => {
             let n = (hdr.len as usize).min(rq.length);
@@ -308,21 +371,55 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
             if n == 0 {
                 control(m, addr, FIN, hdr.token);
                 // SAFETY: r is live.
-                unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, hdr.len as usize, 0, sys::MPI_SUCCESS as c_int) };
+                unsafe {
+                    datapath::recv_done(
+                        m,
+                        r,
+                        hdr.bits,
+                        hdr.data,
+                        hdr.len as usize,
+                        0,
+                        sys::MPI_SUCCESS as c_int,
+                    )
+                };
                 return;
             }
             rq.kind = Kind::SmRead;
             let (buf, ctx) = (rq.buffer, rq.ctx_ptr());
             let ret = datapath::retry(m, || {
                 // SAFETY: buf holds n bytes until the read completes.
-                unsafe { fi::fi_read(m.ep, buf as *mut c_void, n, ptr::null_mut(), addr, hdr.addr, hdr.key, ctx) }
+                unsafe {
+                    fi::fi_read(
+                        m.ep,
+                        buf as *mut c_void,
+                        n,
+                        ptr::null_mut(),
+                        addr,
+                        hdr.addr,
+                        hdr.key,
+                        ctx,
+                    )
+                }
             });
             if ret < 0 {
-                log::error!("reading a {n}-byte message failed: {}", crate::fabric::Error::from_ret(ret));
+                log::error!(
+                    "reading a {n}-byte message failed: {}",
+                    crate::fabric::Error::from_ret(ret)
+                );
                 rq.kind = Kind::Recv;
                 control(m, addr, FIN, hdr.token);
                 // SAFETY: r is live.
-                unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int) };
+                unsafe {
+                    datapath::recv_done(
+                        m,
+                        r,
+                        hdr.bits,
+                        hdr.data,
+                        0,
+                        0,
+                        sys::MPI_ERR_INTERN as c_int,
+                    )
+                };
             }
         }
     }
@@ -339,7 +436,17 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     let hdr = rq.sm_hdr;
     control(m, rq.sm_addr, FIN, hdr.token);
     // SAFETY: r is live.
-    unsafe { datapath::recv_done(m, r, hdr.bits, hdr.data, hdr.len as usize, 0, sys::MPI_SUCCESS as c_int) };
+    unsafe {
+        datapath::recv_done(
+            m,
+            r,
+            hdr.bits,
+            hdr.data,
+            hdr.len as usize,
+            0,
+            sys::MPI_SUCCESS as c_int,
+        )
+    };
 }
 
 /// A bounce buffer received a message of `len` bytes.
@@ -375,16 +482,27 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
             let payload_len = (hdr.len as usize).min(payload.len());
             let matched = {
                 let mut lists = lock(&sm.lists);
-                match lists.posted.iter().position(|p| matches(p.bits, p.ignore, hdr.bits)) {
+                match lists
+                    .posted
+                    .iter()
+                    .position(|p| matches(p.bits, p.ignore, hdr.bits))
+                {
                     Some(i) => lists.posted.remove(i).map(|p| p.req),
                     None => {
-                        lists.unexpected.push_back(Unexpected { hdr, payload: payload[..payload_len].to_vec() });
+                        lists.unexpected.push_back(Unexpected {
+                            hdr,
+                            payload: payload[..payload_len].to_vec(),
+                        });
                         None
                     }
                 }
             };
             if let Some(r) = matched {
-                let what = if hdr.kind == EAGER { Delivery::Eager(Vec::new()) } else { Delivery::Rts };
+                let what = if hdr.kind == EAGER {
+                    Delivery::Eager(Vec::new())
+                } else {
+                    Delivery::Rts
+                };
                 deliver(m, r, hdr, what, Some(&payload[..payload_len]));
             }
             let _ = repost(m, b);
@@ -400,10 +518,18 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
 pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -> c_int {
     let found = {
         let mut lists = lock(&sm.lists);
-        match lists.unexpected.iter().position(|u| matches(bits, ignore, u.hdr.bits)) {
+        match lists
+            .unexpected
+            .iter()
+            .position(|u| matches(bits, ignore, u.hdr.bits))
+        {
             Some(i) => lists.unexpected.remove(i),
             None => {
-                lists.posted.push_back(Posted { req: r, bits, ignore });
+                lists.posted.push_back(Posted {
+                    req: r,
+                    bits,
+                    ignore,
+                });
                 None
             }
         }
@@ -416,7 +542,11 @@ pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -
 
 /// Deliver an unexpected message to `r`.
 pub fn take(m: &Mtl, r: *mut Request, u: Unexpected) {
-    let what = if u.hdr.kind == EAGER { Delivery::Eager(u.payload) } else { Delivery::Rts };
+    let what = if u.hdr.kind == EAGER {
+        Delivery::Eager(u.payload)
+    } else {
+        Delivery::Rts
+    };
     deliver(m, r, u.hdr, what, None);
 }
 
@@ -432,10 +562,19 @@ pub fn probe(sm: &SoftMatch, bits: u64, ignore: u64) -> Option<(u64, u64, usize)
 
 /// Remove the first unexpected message matching (`bits`, `ignore`) (mprobe). A
 /// synchronous eager message is acknowledged now: it is matched.
-pub fn claim(m: &Mtl, sm: &SoftMatch, comm: *mut sys::ompi_communicator_t, bits: u64, ignore: u64) -> Option<Unexpected> {
+pub fn claim(
+    m: &Mtl,
+    sm: &SoftMatch,
+    comm: *mut sys::ompi_communicator_t,
+    bits: u64,
+    ignore: u64,
+) -> Option<Unexpected> {
     let u = {
         let mut lists = lock(&sm.lists);
-        let i = lists.unexpected.iter().position(|u| matches(bits, ignore, u.hdr.bits))?;
+        let i = lists
+            .unexpected
+            .iter()
+            .position(|u| matches(bits, ignore, u.hdr.bits))?;
         lists.unexpected.remove(i)?
     };
     if u.hdr.kind == EAGER && m.layout.proto(u.hdr.bits) == Proto::Sync {
