@@ -954,7 +954,11 @@ fn send_impl(
     if let Some(sm) = m.soft.as_deref() {
         let mut r = Request::internal(Kind::Send, comm);
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
-        let rc = super::softmatch::send(m, sm, &mut r, addr, data.ptr, data.len, bits, cqd, sync);
+        // SAFETY: r lives on this stack until its completions (we wait below); data
+        // lives until the end of this function.
+        let rc = unsafe {
+            super::softmatch::send(m, sm, &mut r, addr, data.ptr, data.len, bits, cqd, sync)
+        };
         if rc == super::softmatch::SENT_INLINE {
             return sys::OMPI_SUCCESS;
         }
@@ -1035,7 +1039,10 @@ fn isend_impl(
             }
         }
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
-        let rc = super::softmatch::send(m, sm, r, addr, data.ptr, data.len, bits, cqd, sync);
+        // SAFETY: r is the PML's request, alive until completed; the data is the
+        // user's buffer or a pack buffer the request owns until its completion.
+        let rc =
+            unsafe { super::softmatch::send(m, sm, r, addr, data.ptr, data.len, bits, cqd, sync) };
         if rc == super::softmatch::SENT_INLINE || rc != sys::OMPI_SUCCESS {
             // Nothing in flight: the buffer goes back to `data`, which frees it.
             // SAFETY: r is live.

@@ -195,8 +195,12 @@ pub const SENT_INLINE: c_int = 1;
 
 /// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
 /// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
+///
+/// # Safety
+/// `r` must be a live request that stays alive until its completions arrive, and
+/// `ptr_` must hold `len` bytes that stay valid until then.
 #[allow(clippy::too_many_arguments)]
-pub fn send(
+pub unsafe fn send(
     m: &Mtl,
     sm: &SoftMatch,
     r: *mut Request,
