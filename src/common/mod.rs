@@ -74,7 +74,7 @@ pub(crate) fn monitor_prepare(choice: &str) -> Result<(), Decline> {
             Some(o) => o.to_string(),
             None => "not found".into(),
         };
-        log::info!("patch self-check: munmap patched by {owner}");
+        log::info!("patch self-check: owner of munmap: {owner}");
         log::debug!("patch self-check: {}", report.summary());
         for w in outcome.warnings.iter().chain(
             report

@@ -907,15 +907,14 @@ fn setup_inner(
     // request must not install it (it would then be refused as the second patcher);
     // for every other choice the patcher feeds our own caches even when libfabric uses
     // something else.
-    let support = if choice == MonitorChoice::Memhooks {
-        hooks.support_level()
-    } else {
-        match hooks.open_memory_framework() {
-            rc if rc == ompi::OPAL_SUCCESS => hooks.support_level(),
-            rc => {
-                log::info!("memory monitor: Open MPI's memory framework did not open ({rc})");
-                0
-            }
+    // Open MPI's patcher is installed when its memory framework opens, which any
+    // registration cache of Open MPI's does sooner or later: so "available" counts as
+    // "active", also for a memhooks request (allowed only with `--mca memory ^patcher`).
+    let support = match hooks.open_memory_framework() {
+        rc if rc == ompi::OPAL_SUCCESS => hooks.support_level(),
+        rc => {
+            log::info!("memory monitor: Open MPI's memory framework did not open ({rc})");
+            0
         }
     };
     let support = support.max(0) as u32;
