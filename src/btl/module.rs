@@ -308,7 +308,10 @@ pub fn init(
         .map(|p| p.rejected.clone())
         .unwrap_or_default();
     if !bad.is_empty() {
-        return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
+        let msg = format!("invalid MCA parameter values: {}", bad.join("; "));
+        // A configuration error: say it at every verbosity, not only as a decline.
+        log::warn!("{msg}; the component declines");
+        return Err(msg);
     }
     let template = TEMPLATE.load(Ordering::Acquire);
     if template.is_null() {

@@ -110,10 +110,9 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
     })
     .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
     if !rejected.is_empty() {
-        return Err(Decline(format!(
-            "invalid MCA parameter values: {}",
-            rejected.join("; ")
-        )));
+        let msg = format!("invalid MCA parameter values: {}", rejected.join("; "));
+        log::warn!("{msg}; the component declines");
+        return Err(Decline(msg));
     }
     if include.is_some() && exclude.is_some() {
         if exclude_set {

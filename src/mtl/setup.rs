@@ -92,7 +92,10 @@ pub fn init_module(
 ) -> Result<*mut sys::mca_mtl_base_module_t, String> {
     let bad = rejected();
     if !bad.is_empty() {
-        return Err(format!("invalid MCA parameter values: {}", bad.join("; ")));
+        let msg = format!("invalid MCA parameter values: {}", bad.join("; "));
+        // A configuration error: say it at every verbosity, not only as a decline.
+        log::warn!("{msg}; the component declines");
+        return Err(msg);
     }
     let requested = match param(idx::TAG_MODE) {
         2 => Some(TagMode::Tag1),
