@@ -15,6 +15,7 @@ use super::tag::{Proto, TagLayout};
 use crate::ompi::glue;
 use libfabric_sys as fi;
 use ompi_sys as sys;
+use std::collections::VecDeque;
 use std::mem::offset_of;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -66,6 +67,10 @@ pub struct Mtl {
     /// Matching in software (see softmatch.rs), for providers whose tag matching is
     /// broken.
     pub soft: Option<Box<super::softmatch::SoftMatch>>,
+    /// Receives waiting for room in the provider's receive queue, in MPI order
+    /// (request addresses).
+    pub deferred: Mutex<VecDeque<usize>>,
+    pub has_deferred: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -142,6 +147,8 @@ pub struct Request {
     pub sm_hdr: super::softmatch::Hdr,
     pub sm_addr: u64,
     pub sm_mr: *mut c_void,
+    /// Source address a receive is posted with.
+    pub post_addr: u64,
 }
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -183,6 +190,7 @@ impl Request {
             ptr::addr_of_mut!((*r).sm_hdr).write(Default::default());
             ptr::addr_of_mut!((*r).sm_addr).write(0);
             ptr::addr_of_mut!((*r).sm_mr).write(ptr::null_mut());
+            ptr::addr_of_mut!((*r).post_addr).write(FI_ADDR_UNSPEC);
         }
     }
 
@@ -426,6 +434,14 @@ fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
 
 /// Read and dispatch completions. Returns how many were handled.
 pub fn progress_mtl(m: &Mtl) -> usize {
+    let n = progress_cq(m);
+    if m.has_deferred.load(Ordering::Acquire) {
+        post_deferred(m);
+    }
+    n
+}
+
+fn progress_cq(m: &Mtl) -> usize {
     const CHUNK: usize = 32;
     let mut total = 0usize;
     loop {
@@ -1128,24 +1144,70 @@ fn irecv_impl(
         return super::softmatch::irecv(m, sm, r, bits, ignore);
     }
     // SAFETY: r is live.
-    let ctx = unsafe { (*r).ctx_ptr() };
-    let ret = if m.overflow.is_null() {
-        retry(m, || {
-            // SAFETY: buf is valid for len bytes until the receive completes (user
-            // memory the PML keeps alive, or our buffer freed at completion).
-            unsafe {
-                fi::fi_trecv(
-                    m.ep,
-                    buf as *mut c_void,
-                    len,
-                    ptr::null_mut(),
-                    addr,
-                    bits,
-                    ignore,
-                    ctx,
-                )
+    unsafe {
+        (*r).post_addr = addr;
+        (*r).matched_tag = bits;
+        (*r).matched_data = ignore;
+    }
+    // Receives are posted in MPI order: once one had to wait for room in the
+    // provider's queue, every later one waits behind it.
+    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    if deferred.is_empty() {
+        let ret = {
+            let _g = m.lock.lock();
+            // SAFETY: r is live, with its buffer, address and match bits set.
+            unsafe { post_recv(m, r) }
+        };
+        if ret == -(fi::FI_EAGAIN as isize) {
+            m.counters.eagain.fetch_add(1, Ordering::Relaxed);
+        } else if ret < 0 {
+            drop(deferred);
+            if owned {
+                // SAFETY: not posted, still ours.
+                unsafe { libc::free(buf as *mut c_void) };
             }
-        })
+            return fi_to_ompi(ret);
+        } else {
+            return sys::OMPI_SUCCESS;
+        }
+    }
+    deferred.push_back(r as usize);
+    m.has_deferred.store(true, Ordering::Release);
+    sys::OMPI_SUCCESS
+}
+
+/// Post receive `r` to the provider (with the overflow area where needed).
+///
+/// # Safety
+/// `r` must be a live receive whose buffer, `post_addr` and match bits
+/// (`matched_tag`/`matched_data`) are set; the caller holds `m.lock`.
+unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
+    // SAFETY: forwarded.
+    let (buf, len, addr, bits, ignore, ctx) = unsafe {
+        (
+            (*r).buffer,
+            (*r).length,
+            (*r).post_addr,
+            (*r).matched_tag,
+            (*r).matched_data,
+            (*r).ctx_ptr(),
+        )
+    };
+    if m.overflow.is_null() {
+        // SAFETY: buf is valid for len bytes until the receive completes (user memory
+        // the PML keeps alive, or our buffer freed at completion).
+        unsafe {
+            fi::fi_trecv(
+                m.ep,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                addr,
+                bits,
+                ignore,
+                ctx,
+            )
+        }
     } else {
         let iov = [
             fi::iovec {
@@ -1157,31 +1219,55 @@ fn irecv_impl(
                 iov_len: m.overflow_len,
             },
         ];
-        retry(m, || {
-            // SAFETY: as above for buf; the overflow area lives until finalize and the
-            // provider copies the iov array before returning.
-            unsafe {
-                fi::fi_trecvv(
-                    m.ep,
-                    iov.as_ptr(),
-                    ptr::null_mut(),
-                    2,
-                    addr,
-                    bits,
-                    ignore,
-                    ctx,
-                )
-            }
-        })
-    };
-    if ret < 0 {
-        if owned {
-            // SAFETY: not posted, still ours.
-            unsafe { libc::free(buf as *mut c_void) };
+        // SAFETY: as above for buf; the overflow area lives until finalize and the
+        // provider copies the iov array before returning.
+        unsafe {
+            fi::fi_trecvv(
+                m.ep,
+                iov.as_ptr(),
+                ptr::null_mut(),
+                2,
+                addr,
+                bits,
+                ignore,
+                ctx,
+            )
         }
-        return fi_to_ompi(ret);
     }
-    sys::OMPI_SUCCESS
+}
+
+/// Post the receives that waited for room, in order, until the provider is full again.
+fn post_deferred(m: &Mtl) {
+    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    while let Some(&r) = deferred.front() {
+        let ret = {
+            let _g = m.lock.lock();
+            // SAFETY: deferred receives are live PML requests (a cancelled one is
+            // removed from the queue before it completes).
+            unsafe { post_recv(m, r as *mut Request) }
+        };
+        if ret == -(fi::FI_EAGAIN as isize) {
+            return;
+        }
+        deferred.pop_front();
+        if ret < 0 {
+            let r = r as *mut Request;
+            log::error!(
+                "posting a receive failed: {}",
+                crate::fabric::Error::from_ret(ret)
+            );
+            // SAFETY: r is live and not posted: complete it with the error.
+            unsafe {
+                (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+                if (*r).owns_buffer {
+                    libc::free((*r).buffer as *mut c_void);
+                    (*r).owns_buffer = false;
+                }
+                Request::complete_to_pml(r);
+            }
+        }
+    }
+    m.has_deferred.store(false, Ordering::Release);
 }
 
 /// Peek for a matching message; on success returns (tag bits, cq data, length).
@@ -1524,6 +1610,24 @@ fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
                 }
                 Request::complete_to_pml(r);
             }
+        }
+        return sys::OMPI_SUCCESS;
+    }
+    let waiting = {
+        let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        let pos = deferred.iter().position(|&d| d == r as usize);
+        pos.and_then(|i| deferred.remove(i)).is_some()
+    };
+    if waiting {
+        // Never reached the provider: cancelled here.
+        // SAFETY: r is live and queued nowhere now.
+        unsafe {
+            (*r).status.cancelled = true;
+            if (*r).owns_buffer {
+                libc::free((*r).buffer as *mut c_void);
+                (*r).owns_buffer = false;
+            }
+            Request::complete_to_pml(r);
         }
         return sys::OMPI_SUCCESS;
     }

@@ -85,6 +85,12 @@ fn progress_of(v: i64) -> fi::fi_progress {
     }
 }
 
+/// Receives the MTL asks the provider to accept posted at once. MPI lets a program
+/// post any number of receives before a matching send can happen (and Open MPI's
+/// collectives post theirs behind them), so a small provider queue deadlocks: ask
+/// for a deep one. Providers that match in software accept it.
+const RX_QUEUE: usize = 65536;
+
 /// Build the MTL: choose provider and tag mode, open the endpoint, publish its name.
 pub fn init_module(
     _progress_threads: bool,
@@ -161,32 +167,50 @@ pub fn init_module(
         threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
     })
     .map_err(|e| e.to_string())?;
-    // A provider whose tag matching cannot be trusted gets software matching, over
-    // untagged messages and RMA reads: select it again with those capabilities.
-    let quirks = crate::common::quirks::of(domain.info().provider_name());
-    let domain = if quirks.unexpected_ignores_mask {
-        let name = domain.info().provider_name().to_string();
-        drop(domain);
-        let hints = make_hints(false)
+    // Now that the provider is chosen (in libfabric's order, as the C component
+    // does), open it again the way the MTL wants it, if it agrees: a deep receive
+    // queue; and for a provider whose tag matching cannot be trusted, software
+    // matching over untagged messages and RMA reads. The first handle is dropped
+    // after the second is open, so the memory monitor stays up.
+    let name = domain.info().provider_name().to_string();
+    let quirks = crate::common::quirks::of(&name);
+    let refine = |deep: bool| -> Result<DomainHandle, String> {
+        let mut h = make_hints(!quirks.unexpected_ignores_mask)
             .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?
-            .caps(
+            .prov_name(&name);
+        if quirks.unexpected_ignores_mask {
+            h = h.caps(
                 fi::FI_TAGGED as u64
                     | fi::FI_MSG as u64
                     | fi::FI_RMA as u64
                     | fi::FI_READ as u64
                     | fi::FI_REMOTE_READ as u64
                     | locality,
-            )
-            .prov_name(&name);
-        log::info!("provider {name}: matching in software (its unexpected-message matching ignores tag masks)");
+            );
+        }
+        if deep {
+            h = h.rx_size(RX_QUEUE);
+        }
         common::open_domain(DomainRequest {
             component: "mtl",
-            hints,
+            hints: h,
             threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
         })
-        .map_err(|e| format!("{name} with software matching: {e}"))?
-    } else {
-        domain
+        .map_err(|e| e.to_string())
+    };
+    let domain = match refine(true) {
+        Ok(d) => d,
+        Err(_) if quirks.unexpected_ignores_mask => {
+            log::info!("provider {name}: matching in software (its unexpected-message matching ignores tag masks)");
+            refine(false).map_err(|e| format!("{name} with software matching: {e}"))?
+        }
+        Err(_) => {
+            log::warn!(
+                "provider {name} does not accept {RX_QUEUE} posted receives: a program that posts more \
+                 receives than its queue holds before the matching sends can deadlock"
+            );
+            domain
+        }
     };
     let soft = quirks.unexpected_ignores_mask;
     let info = domain.info();
@@ -271,6 +295,8 @@ pub fn init_module(
         sync_ids: AtomicU32::new(0),
         counters: Default::default(),
         soft: None,
+        deferred: Default::default(),
+        has_deferred: Default::default(),
     });
     let mut state = state;
     if soft {
