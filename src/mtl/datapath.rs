@@ -70,6 +70,9 @@ pub struct Mtl {
     /// Receives waiting for room in the provider's receive queue, in MPI order
     /// (request addresses).
     pub deferred: Mutex<VecDeque<usize>>,
+    /// Sends waiting for the provider, in order.
+    pub(super) deferred_sends: Mutex<VecDeque<PendingSend>>,
+    pub has_deferred_sends: std::sync::atomic::AtomicBool,
     pub has_deferred: std::sync::atomic::AtomicBool,
 }
 
@@ -435,6 +438,9 @@ fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
 /// Read and dispatch completions. Returns how many were handled.
 pub fn progress_mtl(m: &Mtl) -> usize {
     let n = progress_cq(m);
+    if m.has_deferred_sends.load(Ordering::Acquire) {
+        post_deferred_sends(m);
+    }
     if m.has_deferred.load(Ordering::Acquire) {
         post_deferred(m);
     }
@@ -800,8 +806,145 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
 // ---------------------------------------------------------------------------
 // Sends
 
-/// Post the send of `data` to `addr` with `tag`. For a synchronous send, first post
-/// the receive of its acknowledgement (so `r.pending` counts two completions).
+/// One data send, as it is handed to the fabric (now, or later from progress when the
+/// provider pushed back).
+pub(super) struct PendingSend {
+    /// The request whose completion the send produces (0 for an inject).
+    req: usize,
+    addr: u64,
+    buf: *const u8,
+    len: usize,
+    bits: u64,
+    /// Remote CQ data, when the layout or the protocol uses it.
+    cqd: Option<u64>,
+    /// An inject's private copy of the data (a deferred inject outlives the caller's
+    /// buffer).
+    copy: Option<Vec<u8>>,
+}
+
+// SAFETY: `buf` points at memory kept alive by the request that owns the send (the
+// user's buffer or a pack buffer) until its completion; it is only read by libfabric.
+unsafe impl Send for PendingSend {}
+
+impl PendingSend {
+    /// One attempt. The caller holds `m.lock`.
+    fn issue(&self, m: &Mtl) -> isize {
+        let (buf, len) = match &self.copy {
+            Some(c) => (c.as_ptr(), c.len()),
+            None => (self.buf, self.len),
+        };
+        let buf = buf as *const c_void;
+        if self.req == 0 {
+            // SAFETY: inject copies the data before returning.
+            unsafe {
+                match self.cqd {
+                    Some(d) => fi::fi_tinjectdata(m.ep, buf, len, d, self.addr, self.bits),
+                    None => fi::fi_tinject(m.ep, buf, len, self.addr, self.bits),
+                }
+            }
+        } else {
+            // SAFETY: the request is live until this send completes, and keeps the
+            // data alive that long (see the struct).
+            unsafe {
+                let ctx = (*(self.req as *mut Request)).ctx_ptr();
+                match self.cqd {
+                    Some(d) => fi::fi_tsenddata(
+                        m.ep,
+                        buf,
+                        len,
+                        ptr::null_mut(),
+                        d,
+                        self.addr,
+                        self.bits,
+                        ctx,
+                    ),
+                    None => {
+                        fi::fi_tsend(m.ep, buf, len, ptr::null_mut(), self.addr, self.bits, ctx)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hand `p` to the fabric. A non-blocking caller (`may_defer`) never waits for the
+/// provider: when it pushes back, or when earlier sends are still waiting, `p` joins
+/// the queue that progress drains in order (MPI's non-overtaking rule), and an inject
+/// keeps a copy of its data. A blocking caller waits for the queue, then retries.
+fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
+    if may_defer {
+        let mut q = m.deferred_sends.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            let ret = {
+                let _g = m.lock.lock();
+                p.issue(m)
+            };
+            if ret != -(fi::FI_EAGAIN as isize) {
+                return if ret < 0 {
+                    fi_to_ompi(ret)
+                } else {
+                    sys::OMPI_SUCCESS
+                };
+            }
+            m.counters.eagain.fetch_add(1, Ordering::Relaxed);
+        }
+        if p.req == 0 && p.copy.is_none() {
+            // SAFETY: the caller's buffer holds len bytes for the duration of this call.
+            p.copy = Some(unsafe { std::slice::from_raw_parts(p.buf, p.len) }.to_vec());
+        }
+        q.push_back(p);
+        m.has_deferred_sends.store(true, Ordering::Release);
+        return sys::OMPI_SUCCESS;
+    }
+    wait_until(m, || {
+        m.deferred_sends
+            .lock()
+            .map(|q| q.is_empty())
+            .unwrap_or(true)
+    });
+    let ret = retry(m, || p.issue(m));
+    if ret < 0 {
+        fi_to_ompi(ret)
+    } else {
+        sys::OMPI_SUCCESS
+    }
+}
+
+/// Send the queued sends, in order, until the provider pushes back again.
+fn post_deferred_sends(m: &Mtl) {
+    let mut q = m.deferred_sends.lock().unwrap_or_else(|e| e.into_inner());
+    while let Some(p) = q.front() {
+        let ret = {
+            let _g = m.lock.lock();
+            p.issue(m)
+        };
+        if ret == -(fi::FI_EAGAIN as isize) {
+            return;
+        }
+        let p = q.pop_front();
+        if ret < 0 {
+            log::error!(
+                "a deferred send failed: {}",
+                crate::fabric::Error::from_ret(ret)
+            );
+            if let Some(p) = p.filter(|p| p.req != 0) {
+                let r = p.req as *mut Request;
+                // SAFETY: the request is live and its send will not complete: finish
+                // it with the error (all its parts).
+                unsafe {
+                    (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+                    (*r).pending.store(1, Ordering::Release);
+                    finish_part(r);
+                }
+            }
+        }
+    }
+    m.has_deferred_sends.store(false, Ordering::Release);
+}
+
+/// Post the send of `data` to `addr` for request `r`. For a synchronous send, first
+/// post the receive of its acknowledgement (so `r.pending` counts two completions).
+#[allow(clippy::too_many_arguments)]
 fn post_send(
     m: &Mtl,
     r: *mut Request,
@@ -810,10 +953,20 @@ fn post_send(
     comm: *mut sys::ompi_communicator_t,
     tag: c_int,
     sync: bool,
+    may_defer: bool,
 ) -> c_int {
     let l = &m.layout;
     let me = comm_rank(comm);
     let cid = comm_cid(comm);
+    let mut p = PendingSend {
+        req: r as usize,
+        addr,
+        buf: data.ptr,
+        len: data.len,
+        bits: l.send_tag(cid, me, tag, Proto::Plain),
+        cqd: l.source_in_data().then(|| l.cq_data(me, 0)),
+        copy: None,
+    };
     if sync {
         let id = m.sync_ids.fetch_add(1, Ordering::Relaxed) & (l.sync_id_space() - 1) as u32;
         let mut ack = Box::new(Request::internal(Kind::Ack, comm));
@@ -843,76 +996,15 @@ fn post_send(
             unsafe { drop(Box::from_raw(ack_ptr)) };
             return fi_to_ompi(ret);
         }
-        let bits = l.send_tag(cid, me, tag, Proto::Sync);
-        let cqd = l.cq_data(me, id);
+        p.bits = l.send_tag(cid, me, tag, Proto::Sync);
+        p.cqd = Some(l.cq_data(me, id));
+    } else {
         // SAFETY: r is live.
-        let ctx = unsafe { (*r).ctx_ptr() };
-        let ret = retry(m, || {
-            // SAFETY: data stays valid until the send completes (the caller keeps it
-            // alive: the user buffer, or a pack buffer freed at completion).
-            unsafe {
-                fi::fi_tsenddata(
-                    m.ep,
-                    data.ptr as *const c_void,
-                    data.len,
-                    ptr::null_mut(),
-                    cqd,
-                    addr,
-                    bits,
-                    ctx,
-                )
-            }
-        });
-        if ret < 0 {
-            // The acknowledgement receive stays posted and is reclaimed at finalize
-            // when the endpoint closes; the error goes to the caller.
-            return fi_to_ompi(ret);
-        }
-        return sys::OMPI_SUCCESS;
+        unsafe { (*r).pending.store(1, Ordering::Release) };
     }
-    let bits = l.send_tag(cid, me, tag, Proto::Plain);
-    // SAFETY: r is live.
-    unsafe { (*r).pending.store(1, Ordering::Release) };
-    // SAFETY: r is live.
-    let ctx = unsafe { (*r).ctx_ptr() };
-    let ret = if l.source_in_data() {
-        let cqd = l.cq_data(me, 0);
-        retry(m, || {
-            // SAFETY: as above.
-            unsafe {
-                fi::fi_tsenddata(
-                    m.ep,
-                    data.ptr as *const c_void,
-                    data.len,
-                    ptr::null_mut(),
-                    cqd,
-                    addr,
-                    bits,
-                    ctx,
-                )
-            }
-        })
-    } else {
-        retry(m, || {
-            // SAFETY: as above.
-            unsafe {
-                fi::fi_tsend(
-                    m.ep,
-                    data.ptr as *const c_void,
-                    data.len,
-                    ptr::null_mut(),
-                    addr,
-                    bits,
-                    ctx,
-                )
-            }
-        })
-    };
-    if ret < 0 {
-        fi_to_ompi(ret)
-    } else {
-        sys::OMPI_SUCCESS
-    }
+    // If a synchronous send fails after its acknowledgement receive was posted, that
+    // receive never matches (no message went out); the endpoint reclaims it at close.
+    send_or_defer(m, p, may_defer)
 }
 
 /// Send a small message with inject: no completion, the buffer is free on return.
@@ -923,29 +1015,20 @@ fn inject(
     data: &SendData,
     comm: *mut sys::ompi_communicator_t,
     tag: c_int,
+    may_defer: bool,
 ) -> c_int {
     let l = &m.layout;
     let me = comm_rank(comm);
-    let bits = l.send_tag(comm_cid(comm), me, tag, Proto::Plain);
-    let ret = if l.source_in_data() {
-        let cqd = l.cq_data(me, 0);
-        retry(m, || {
-            // SAFETY: inject copies the data before returning.
-            unsafe {
-                fi::fi_tinjectdata(m.ep, data.ptr as *const c_void, data.len, cqd, addr, bits)
-            }
-        })
-    } else {
-        retry(m, || {
-            // SAFETY: as above.
-            unsafe { fi::fi_tinject(m.ep, data.ptr as *const c_void, data.len, addr, bits) }
-        })
+    let p = PendingSend {
+        req: 0,
+        addr,
+        buf: data.ptr,
+        len: data.len,
+        bits: l.send_tag(comm_cid(comm), me, tag, Proto::Plain),
+        cqd: l.source_in_data().then(|| l.cq_data(me, 0)),
+        copy: None,
     };
-    if ret < 0 {
-        fi_to_ompi(ret)
-    } else {
-        sys::OMPI_SUCCESS
-    }
+    send_or_defer(m, p, may_defer)
 }
 
 fn send_impl(
@@ -989,11 +1072,11 @@ fn send_impl(
         };
     }
     if !sync && data.len <= m.inject_size {
-        return inject(m, addr, &data, comm, tag);
+        return inject(m, addr, &data, comm, tag, false);
     }
     let mut r = Request::internal(Kind::Send, comm);
     let rp: *mut Request = &mut r;
-    let rc = post_send(m, rp, addr, &data, comm, tag, sync);
+    let rc = post_send(m, rp, addr, &data, comm, tag, sync, false);
     if rc != sys::OMPI_SUCCESS {
         // If the synchronous send failed after its acknowledgement receive was
         // posted, that receive can never match (no message went out); the endpoint
@@ -1076,7 +1159,7 @@ fn isend_impl(
         return rc;
     }
     if !sync && data.len <= m.inject_size {
-        let rc = inject(m, addr, &data, comm, tag);
+        let rc = inject(m, addr, &data, comm, tag, true);
         if rc == sys::OMPI_SUCCESS {
             // SAFETY: r is the PML's live request.
             unsafe { Request::complete_to_pml(r) };
@@ -1092,7 +1175,7 @@ fn isend_impl(
             (*r).owns_buffer = true;
         }
     }
-    let rc = post_send(m, r, addr, &data, comm, tag, sync);
+    let rc = post_send(m, r, addr, &data, comm, tag, sync, true);
     if data.owned {
         if rc != sys::OMPI_SUCCESS {
             // Not posted: the request gives the buffer back to `data`, which frees it.

@@ -296,6 +296,8 @@ pub fn init_module(
         counters: Default::default(),
         soft: None,
         deferred: Default::default(),
+        deferred_sends: Default::default(),
+        has_deferred_sends: Default::default(),
         has_deferred: Default::default(),
     });
     let mut state = state;
