@@ -448,6 +448,16 @@ pub fn progress_mtl(m: &Mtl) -> usize {
 }
 
 fn progress_cq(m: &Mtl) -> usize {
+    // Software matching must see messages in the order the CQ delivers them: one
+    // thread reads and dispatches at a time (a re-entrant call from a dispatch, or
+    // another thread, returns at once).
+    let _serial = match m.soft.as_deref() {
+        Some(sm) => match sm.progress.try_lock() {
+            Ok(g) => Some(g),
+            Err(_) => return 0,
+        },
+        None => None,
+    };
     const CHUNK: usize = 32;
     let mut total = 0usize;
     loop {

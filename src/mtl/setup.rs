@@ -242,7 +242,9 @@ pub fn init_module(
         ));
     }
     let layout = TagLayout::new(mode);
-    let threaded_lock = mpi_threads && domain.threading() != fi::FI_THREAD_SAFE;
+    // Serialise every fabric call under MPI_THREAD_MULTIPLE, even when the provider
+    // claims FI_THREAD_SAFE: udp;ofi_rxd hangs with concurrent callers (threads test).
+    let threaded_lock = mpi_threads;
     let inject_size = info.inject_size();
     let provider = info.provider_name().to_string();
 

@@ -83,6 +83,8 @@ struct Lists {
 /// The software-matching state of the MTL.
 pub struct SoftMatch {
     lists: Mutex<Lists>,
+    /// Held while one thread reads and dispatches completions.
+    pub progress: Mutex<()>,
     bounces: Vec<*mut Request>,
     domain: Arc<Domain>,
     next_key: AtomicU64,
@@ -105,6 +107,7 @@ impl SoftMatch {
                 posted: VecDeque::new(),
                 unexpected: VecDeque::new(),
             }),
+            progress: Mutex::new(()),
             bounces: Vec::new(),
             domain,
             next_key: AtomicU64::new(1),
