@@ -8,7 +8,9 @@
  * behind the receive buffer, and every status field are checked. Odd modes post the
  * receive with 17 more elements than sent so that MPI_Get_count must report the real size.
  *
- * Options: --inject N, --sizes LIST, --big, --all-pairs-big, --reps N (default 1).
+ * Options: --inject N, --sizes LIST, --big, --all-pairs-big, --reps N (default 1),
+ * --modes LIST / --skip-modes LIST with keys send, isend, waitall, testloop, waitany,
+ * waitsome, rsend, irsend, bsend, ibsend, ssend, issend, sendrecv, replace, persist.
  */
 #include "common.h"
 
@@ -37,6 +39,33 @@ static const char *mode_name[NMODES] = {
     "Bsend/Recv", "Ibsend/Recv", "Ssend/Irecv", "Issend/Recv", "Sendrecv", "Sendrecv_replace",
     "Send_init+Recv_init",
 };
+
+/* keys for --modes / --skip-modes */
+static const char *mode_key[NMODES] = {
+    "send", "isend", "waitall", "testloop", "waitany", "waitsome", "rsend", "irsend",
+    "bsend", "ibsend", "ssend", "issend", "sendrecv", "replace", "persist",
+};
+
+static int in_list(const char *list, const char *key)
+{
+    size_t n = strlen(key);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, key, n) == 0)
+            return 1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+static int mode_on(int mode)
+{
+    const char *only = t_opt_str("modes", NULL), *skip = t_opt_str("skip-modes", NULL);
+    return (!only || in_list(only, mode_key[mode])) && !in_list(skip, mode_key[mode]);
+}
 
 #define GUARD 64
 #define GUARD_BYTE 0xee
@@ -296,7 +325,7 @@ int main(int argc, char **argv)
         t0 = t_now();
         for (int rep = 0; rep < reps; rep++)
             for (int mode = 0; mode < NMODES; mode++)
-                for (int d = 1; d <= maxd; d++)
+                for (int d = 1; d <= maxd && mode_on(mode); d++)
                     exchange(mode, size, si, d, rep);
         if (t_verbose)
             t_info("size %zu done in %.2fs", size, t_now() - t0);
