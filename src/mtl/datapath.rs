@@ -461,8 +461,7 @@ fn progress_cq(m: &Mtl) -> usize {
     const CHUNK: usize = 32;
     let mut total = 0usize;
     loop {
-        // SAFETY: fi_cq_tagged_entry is plain data; zeroed is a valid value.
-        let mut entries: [fi::fi_cq_tagged_entry; CHUNK] = unsafe { std::mem::zeroed() };
+        let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
         let want = CHUNK
             .min(m.events_per_progress.saturating_sub(total))
             .max(1);
@@ -486,7 +485,11 @@ fn progress_cq(m: &Mtl) -> usize {
                 (ret as usize, None)
             }
         };
-        for e in &entries[..n] {
+        // SAFETY: fi_cq_read wrote the first n entries.
+        let read = unsafe {
+            std::slice::from_raw_parts(entries.as_ptr() as *const fi::fi_cq_tagged_entry, n)
+        };
+        for e in read {
             // SAFETY: every operation we post carries the ctx of a live Request.
             unsafe { on_completion(m, e) };
         }
@@ -551,14 +554,6 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
     let r = unsafe { Request::from_ctx(e.op_context) };
     // SAFETY: r is live until we complete it.
     let kind = unsafe { (*r).kind };
-    log::trace!(
-        "completion {kind:?} ctx {:p} tag {:#x} len {} flags {:#x} data {:#x}",
-        e.op_context,
-        e.tag,
-        e.len,
-        e.flags,
-        e.data
-    );
     match kind {
         Kind::Bounce => {
             if let Some(sm) = m.soft.as_deref() {
@@ -724,13 +719,6 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
     let kind = unsafe { (*r).kind };
     // shm reports some errors negated.
     let code = e.err.unsigned_abs();
-    log::trace!(
-        "error completion {kind:?}: {} tag {:#x} len {} olen {}",
-        crate::fabric::Error(e.err),
-        e.tag,
-        e.len,
-        e.olen
-    );
     match kind {
         Kind::Probe if code == fi::FI_ENOMSG => {
             // SAFETY: live probe.
@@ -883,8 +871,9 @@ impl PendingSend {
 /// keeps a copy of its data. A blocking caller waits for the queue, then retries.
 fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
     if may_defer {
-        let mut q = m.deferred_sends.lock().unwrap_or_else(|e| e.into_inner());
-        if q.is_empty() {
+        // The queue's mutex is taken only when sends are already waiting or the
+        // provider pushed back (as for receives, see irecv).
+        if !m.has_deferred_sends.load(Ordering::Acquire) {
             let ret = {
                 let _g = m.lock.lock();
                 p.issue(m)
@@ -898,6 +887,7 @@ fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
             }
             m.counters.eagain.fetch_add(1, Ordering::Relaxed);
         }
+        let mut q = m.deferred_sends.lock().unwrap_or_else(|e| e.into_inner());
         if p.req == 0 && p.copy.is_none() {
             // SAFETY: the caller's buffer holds len bytes for the duration of this call.
             p.copy = Some(unsafe { std::slice::from_raw_parts(p.buf, p.len) }.to_vec());
@@ -906,12 +896,7 @@ fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
         m.has_deferred_sends.store(true, Ordering::Release);
         return sys::OMPI_SUCCESS;
     }
-    wait_until(m, || {
-        m.deferred_sends
-            .lock()
-            .map(|q| q.is_empty())
-            .unwrap_or(true)
-    });
+    wait_until(m, || !m.has_deferred_sends.load(Ordering::Acquire));
     let ret = retry(m, || p.issue(m));
     if ret < 0 {
         fi_to_ompi(ret)
@@ -1243,27 +1228,28 @@ fn irecv_impl(
         (*r).matched_data = ignore;
     }
     // Receives are posted in MPI order: once one had to wait for room in the
-    // provider's queue, every later one waits behind it.
-    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    if deferred.is_empty() {
+    // provider's queue, every later one waits behind it. The queue's mutex is taken
+    // only then; a thread that queued a receive set the flag before returning, so its
+    // own later receives see it.
+    if !m.has_deferred.load(Ordering::Acquire) {
         let ret = {
             let _g = m.lock.lock();
             // SAFETY: r is live, with its buffer, address and match bits set.
             unsafe { post_recv(m, r) }
         };
-        if ret == -(fi::FI_EAGAIN as isize) {
-            m.counters.eagain.fetch_add(1, Ordering::Relaxed);
-        } else if ret < 0 {
-            drop(deferred);
+        if ret >= 0 {
+            return sys::OMPI_SUCCESS;
+        }
+        if ret != -(fi::FI_EAGAIN as isize) {
             if owned {
                 // SAFETY: not posted, still ours.
                 unsafe { libc::free(buf as *mut c_void) };
             }
             return fi_to_ompi(ret);
-        } else {
-            return sys::OMPI_SUCCESS;
         }
+        m.counters.eagain.fetch_add(1, Ordering::Relaxed);
     }
+    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
     deferred.push_back(r as usize);
     m.has_deferred.store(true, Ordering::Release);
     sys::OMPI_SUCCESS
