@@ -78,7 +78,7 @@ fn module_of(btl: *mut sys::mca_btl_base_module_t) -> *mut Module {
 
 /// A fresh or recycled fragment with room for `cap` payload bytes (`cap` at most the
 /// module's fragment size).
-fn get_frag(st: &State) -> Option<*mut Frag> {
+pub(super) fn get_frag(st: &State) -> Option<*mut Frag> {
     if let Some(f) = lock(&st.frags).pop() {
         return Some(f);
     }
@@ -119,7 +119,7 @@ fn get_frag(st: &State) -> Option<*mut Frag> {
 ///
 /// # Safety
 /// `f` is a fragment of ours not in use.
-unsafe fn prime(
+pub(super) unsafe fn prime(
     f: *mut Frag,
     ep: *mut sys::mca_btl_base_endpoint_t,
     order: u8,
@@ -261,6 +261,18 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
     } else if len >= HDR {
         // SAFETY: rb is live and holds len received bytes.
         let (tag, payload) = unsafe { (*(*rb).buf, (*rb).buf.add(HDR)) };
+        if st.amo && (tag == super::amo::TAG_REQ || tag == super::amo::TAG_REP) {
+            // SAFETY: the payload holds len - HDR received bytes until we repost.
+            unsafe { super::amo::on_message(mp, tag, payload, len - HDR) };
+            if st.closing.load(Ordering::Relaxed) {
+                return;
+            }
+            // SAFETY: rb is ours and no longer posted.
+            if let Err(e) = unsafe { repost(st, rb) } {
+                log::error!("re-posting a receive buffer on {}: {e}", st.provider);
+            }
+            return;
+        }
         // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic.
         let trig = unsafe {
             *(&raw const sys::mca_btl_base_active_message_trigger
@@ -403,7 +415,7 @@ fn enqueue(st: &State, f: *mut Frag) {
 ///
 /// # Safety
 /// `f` is ours, primed, header written.
-unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
+pub(super) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     if st.has_pending.load(Ordering::Relaxed) {

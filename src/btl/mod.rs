@@ -3,8 +3,10 @@
 //!
 //! `component` is the exported component, `module` builds the module (provider
 //! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
-//! atomics and memory registration, `rcache` the registration cache.
+//! atomics and memory registration, `amo` atomics emulated with active messages for
+//! providers without them, `rcache` the registration cache.
 pub mod am;
+pub mod amo;
 pub mod component;
 pub mod module;
 pub mod rcache;

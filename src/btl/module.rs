@@ -14,6 +14,7 @@
 //! call back into the BTL.
 
 use super::am::{self, Frag, RecvBuf, HDR};
+use super::amo;
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
 use crate::common::{self, release, DomainHandle, DomainRequest};
@@ -71,6 +72,8 @@ pub struct State {
     pub two_sided: bool,
     pub one_sided: bool,
     pub mr_local: bool,
+    /// Atomics are emulated with active messages (`amo.rs`).
+    pub amo: bool,
     pub mr_endpoint: bool,
     pub virt_addr: bool,
     pub prov_key: bool,
@@ -265,6 +268,10 @@ fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
     }
 }
 
+/// Values of btl_ofi_atomics (mca_params/btl.params).
+const ATOMICS_PROVIDER: i64 = 2;
+const ATOMICS_AM: i64 = 3;
+
 const MR_MODES: u32 = fi::FI_MR_VIRT_ADDR
     | fi::FI_MR_ALLOCATED
     | fi::FI_MR_PROV_KEY
@@ -397,8 +404,11 @@ pub fn init(
     };
     // Preference order: atomics, then RMA completions that mean remote delivery. A
     // provider without atomics still gets a module (two-sided and RDMA).
-    let attempts: &[(bool, bool)] = if one_sided {
+    let atomics_mode = param(idx::ATOMICS);
+    let attempts: &[(bool, bool)] = if one_sided && atomics_mode != ATOMICS_AM {
         &[(true, true), (true, false), (false, true), (false, false)]
+    } else if one_sided {
+        &[(false, true), (false, false)]
     } else {
         &[(false, false)]
     };
@@ -456,10 +466,32 @@ pub fn init(
     modex::send(component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
-    let atomic_flags = if atomics {
+    let provider_atomics = if atomics {
         query_atomics(dom.as_ptr())
     } else {
         0
+    };
+    // Atomics by active messages: asked for, or (auto) the provider has none. They
+    // need both services: the request travels as an active message to the window's
+    // registration.
+    let amo = one_sided
+        && two_sided
+        && match atomics_mode {
+            ATOMICS_AM => true,
+            ATOMICS_PROVIDER => false,
+            _ => provider_atomics & !sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT == 0,
+        };
+    if atomics_mode == ATOMICS_AM && !amo {
+        log::warn!(
+            "btl_ofi_atomics=am needs btl_ofi_mode 2 (active messages and RDMA): no atomics offered"
+        );
+    }
+    let atomic_flags = if amo {
+        amo::FLAGS
+    } else if atomics_mode == ATOMICS_AM {
+        0
+    } else {
+        provider_atomics
     };
     let inject_size = info.inject_size();
     let max_msg = info.max_msg_size();
@@ -515,7 +547,12 @@ pub fn init(
         sup.btl_atomic_op = None;
         sup.btl_atomic_fop = None;
         sup.btl_atomic_cswap = None;
+    } else if amo {
+        sup.btl_atomic_op = Some(amo::btl_atomic_op);
+        sup.btl_atomic_fop = Some(amo::btl_atomic_fop);
+        sup.btl_atomic_cswap = Some(amo::btl_atomic_cswap);
     }
+    let amo = amo && sup.btl_atomic_op.is_some();
     sup.btl_get_limit = if sup.btl_get_limit == 0 {
         max_msg
     } else {
@@ -580,6 +617,7 @@ pub fn init(
             two_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
             one_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA != 0,
             mr_local,
+            amo,
             mr_endpoint: mr_mode & fi::FI_MR_ENDPOINT != 0,
             virt_addr: mr_mode & fi::FI_MR_VIRT_ADDR != 0,
             prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,
@@ -640,7 +678,13 @@ pub fn init(
         m.btl_eager_limit,
         m.btl_max_send_size,
         m.btl_atomic_flags,
-        if atomics { "" } else { " (provider has no atomics)" },
+        if amo {
+            " (emulated with active messages)"
+        } else if atomics {
+            ""
+        } else {
+            " (provider has no atomics)"
+        },
         if all_local { ", local communication only" } else { "" },
     );
     Ok((arr, 1))
@@ -876,6 +920,7 @@ extern "C" fn finalize_cb(_btl: *mut sys::mca_btl_base_module_t) -> c_int {
 unsafe fn destroy(mp: *mut Module) {
     // SAFETY: forwarded contract.
     let mut module = unsafe { Box::from_raw(mp) };
+    amo::forget_module(mp);
     let st = &mut module.st;
     st.closing.store(true, Ordering::Release);
     if let Some(id) = st.rcache_sub.take() {

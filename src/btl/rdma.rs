@@ -35,6 +35,9 @@ pub struct Handle {
 pub struct Registration {
     pub handle: Handle,
     pub desc: *mut c_void,
+    /// The range asked for.
+    base: usize,
+    len: usize,
     ticket: Ticket,
     /// The region when not cached (else the cache owns it).
     own: Option<MemoryRegion>,
@@ -140,6 +143,8 @@ fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registrati
                 base: if virt { 0 } else { mr.addr() as u64 },
             },
             desc: mr.desc(),
+            base: base as usize,
+            len,
             ticket: Ticket::Cached(i),
             own: None,
         },
@@ -149,6 +154,8 @@ fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registrati
                 base: if virt { 0 } else { mr.addr() as u64 },
             },
             desc: mr.desc(),
+            base: base as usize,
+            len,
             ticket: Ticket::Uncached,
             own: Some(mr),
         },
@@ -188,6 +195,11 @@ pub(crate) extern "C" fn btl_register_mem(
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
         let r = register(st, base, size).map_or(ptr::null_mut(), |r| {
+            if st.amo {
+                // SAFETY: r is the live registration just made.
+                let key = unsafe { (*r).handle.key };
+                super::amo::note_region(btl as *mut Module, key, base as usize, size);
+            }
             r as *mut sys::mca_btl_base_registration_handle_t
         });
         publish_stats(st);
@@ -202,7 +214,15 @@ pub(crate) extern "C" fn btl_deregister_mem(
     ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
         if !h.is_null() {
             // SAFETY: btl is our module; h came from our register_mem.
-            unsafe { deregister(&(*(btl as *mut Module)).st, h as *mut Registration) };
+            let st = unsafe { &(*(btl as *mut Module)).st };
+            let r = h as *mut Registration;
+            if st.amo {
+                // SAFETY: r is live until deregister below.
+                let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
+                super::amo::forget_region(btl as *mut Module, key, base, len);
+            }
+            // SAFETY: h came from our register_mem.
+            unsafe { deregister(st, r) };
         }
         // SAFETY: btl is our module.
         publish_stats(unsafe { &(*(btl as *mut Module)).st });
