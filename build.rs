@@ -19,6 +19,14 @@ struct Param {
     synonyms: Vec<String>,
     readonly: bool,
     help: String,
+    /// int/size: the accepted range (required for int, so every new integer parameter
+    /// states its limits and the bad-input test covers them).
+    min: Option<i128>,
+    max: Option<i128>,
+    /// string: a comma-separated list of provider names.
+    list: bool,
+    /// string: the accepted values (empty means any).
+    choices: Vec<String>,
 }
 
 fn parse(table: &str, text: &str) -> Vec<Param> {
@@ -39,6 +47,10 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
                 synonyms: vec![],
                 readonly: false,
                 help: String::new(),
+                min: None,
+                max: None,
+                list: false,
+                choices: vec![],
             });
             continue;
         }
@@ -55,6 +67,16 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
             "level" => p.level = v.parse().unwrap_or_else(|_| panic!("{}: bad level", at())),
             "help" => p.help = v,
             "readonly" => p.readonly = v == "true",
+            "list" => p.list = v == "true",
+            "min" => p.min = Some(v.parse().unwrap_or_else(|_| panic!("{}: bad min", at()))),
+            "max" => p.max = Some(v.parse().unwrap_or_else(|_| panic!("{}: bad max", at()))),
+            "choices" => {
+                p.choices = v
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            }
             "synonyms" => {
                 p.synonyms = v
                     .split(',')
@@ -97,6 +119,50 @@ fn parse(table: &str, text: &str) -> Vec<Param> {
             "mca_params/{table}.params [{}]: help is required",
             p.name
         );
+        if p.kind == "int" {
+            let (Some(lo), Some(hi)) = (p.min, p.max) else {
+                panic!(
+                    "mca_params/{table}.params [{}]: an int needs `min` and `max`",
+                    p.name
+                )
+            };
+            let d: i128 = p.default.parse().expect("int default");
+            assert!(
+                lo <= d && d <= hi && lo >= i32::MIN as i128 && hi <= i32::MAX as i128,
+                "mca_params/{table}.params [{}]: need i32 range min <= default <= max",
+                p.name
+            );
+        }
+        if p.kind == "size" {
+            let d: i128 = p.default.parse().expect("size default");
+            let (lo, hi) = (p.min.unwrap_or(0), p.max.unwrap_or(u64::MAX as i128));
+            assert!(
+                0 <= lo && lo <= d && d <= hi && hi <= u64::MAX as i128,
+                "mca_params/{table}.params [{}]: need 0 <= min <= default <= max",
+                p.name
+            );
+        }
+        if !matches!(p.kind.as_str(), "int" | "size") {
+            assert!(
+                p.min.is_none() && p.max.is_none(),
+                "mca_params/{table}.params [{}]: min/max only for int and size",
+                p.name
+            );
+        }
+        if p.list || !p.choices.is_empty() {
+            assert!(
+                p.kind == "string",
+                "mca_params/{table}.params [{}]: list/choices only for strings",
+                p.name
+            );
+        }
+        if !p.choices.is_empty() {
+            assert!(
+                p.default.is_empty() || p.choices.contains(&p.default),
+                "mca_params/{table}.params [{}]: default must be one of the choices",
+                p.name
+            );
+        }
         if p.kind == "enum" {
             assert!(
                 p.values.iter().any(|(n, _)| *n == p.default),
@@ -138,10 +204,14 @@ fn gen(table: &str, params: &[Param], code: &mut String) {
             }
             _ => unreachable!(),
         };
+        let (min, max) = match p.kind.as_str() {
+            "size" => (p.min.unwrap_or(0), p.max.unwrap_or(u64::MAX as i128)),
+            _ => (p.min.unwrap_or(0), p.max.unwrap_or(0)),
+        };
         writeln!(
             code,
-            "    ParamSpec {{ name: {:?}, kind: {kind}, level: {}, readonly: {}, synonyms: &{:?}, help: {:?} }},",
-            p.name, p.level, p.readonly, p.synonyms, p.help
+            "    ParamSpec {{ name: {:?}, kind: {kind}, level: {}, readonly: {}, synonyms: &{:?}, help: {:?}, min: {min}, max: {max}, list: {}, choices: &{:?} }},",
+            p.name, p.level, p.readonly, p.synonyms, p.help, p.list, p.choices
         )
         .unwrap();
     }

@@ -2,8 +2,9 @@
 //! `sendi`, the pre-posted receive buffers and the dispatch of received fragments to
 //! `mca_btl_base_active_message_trigger`.
 //!
-//! Wire format: an 8-byte header (the active-message tag, padding keeps the payload
-//! 8-byte aligned) followed by the payload, sent with untagged `fi_send`/`fi_inject`
+//! Wire format: an 8-byte [`AmHeader`] (the active-message tag, a magic byte, two
+//! zero bytes and the payload length; 8 bytes keep the payload aligned) followed by
+//! the payload, sent with untagged `fi_send`/`fi_inject`
 //! into receive buffers of `HDR + max_send_size` bytes posted `btl_ofi_rd_num` at a
 //! time. A fragment's header and payload are one contiguous buffer, so a send is one
 //! call.
@@ -22,6 +23,92 @@ use std::sync::atomic::Ordering;
 
 /// Bytes of the wire header.
 pub const HDR: usize = 8;
+
+/// Second byte of every header: a corrupted or foreign message rarely has it.
+pub const AM_MAGIC: u8 = 0xA5;
+
+/// The header of an active message on the wire:
+/// `[tag][AM_MAGIC][0][0][payload length, u32 little-endian]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmHeader {
+    pub tag: u8,
+    pub len: u32,
+}
+
+/// Why a received fragment was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadAm {
+    /// Fewer bytes than a header.
+    Short(usize),
+    /// The magic byte or the reserved bytes are wrong.
+    Format,
+    /// A tag outside Open MPI's trigger table (`MCA_BTL_TAG_MAX`).
+    Tag(u8),
+    /// The header's payload length is not what arrived.
+    Length { header: u32, received: usize },
+}
+
+impl std::fmt::Display for BadAm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            BadAm::Short(n) => write!(f, "{n} bytes, less than the {HDR}-byte header"),
+            BadAm::Format => write!(f, "not an active-message header (magic or reserved bytes)"),
+            BadAm::Tag(t) => write!(f, "tag {t} is beyond the active-message table"),
+            BadAm::Length { header, received } => write!(
+                f,
+                "the header says {header} payload bytes, {received} arrived"
+            ),
+        }
+    }
+}
+
+impl AmHeader {
+    pub fn encode(self) -> [u8; HDR] {
+        let l = self.len.to_le_bytes();
+        [self.tag, AM_MAGIC, 0, 0, l[0], l[1], l[2], l[3]]
+    }
+
+    /// Decode and check the header of a received fragment; `bytes` is everything that
+    /// arrived. Returns the header and the payload. A few compares per fragment.
+    #[inline]
+    pub fn decode(bytes: &[u8]) -> Result<(AmHeader, &[u8]), BadAm> {
+        if bytes.len() < HDR {
+            return Err(BadAm::Short(bytes.len()));
+        }
+        if bytes[1] != AM_MAGIC || bytes[2] != 0 || bytes[3] != 0 {
+            return Err(BadAm::Format);
+        }
+        let tag = bytes[0];
+        if tag as u32 >= sys::MCA_BTL_TAG_MAX {
+            return Err(BadAm::Tag(tag));
+        }
+        let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        let payload = &bytes[HDR..];
+        if len as usize != payload.len() {
+            return Err(BadAm::Length {
+                header: len,
+                received: payload.len(),
+            });
+        }
+        Ok((AmHeader { tag, len }, payload))
+    }
+}
+
+/// Write the header of fragment `f` for `tag` and its current payload length.
+///
+/// # Safety
+/// `f` is one of our fragments, not on the wire.
+pub(super) unsafe fn write_header(f: *mut Frag, tag: u8) {
+    // SAFETY: caller's contract; the buffer starts with HDR header bytes.
+    unsafe {
+        let h = AmHeader {
+            tag,
+            len: (*f).segment.seg_len as u32,
+        }
+        .encode();
+        ptr::copy_nonoverlapping(h.as_ptr(), (*f).buf, HDR);
+    }
+}
 
 /// What kind of operation a completion context belongs to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -258,51 +345,18 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
             st.provider,
             Error(err)
         );
-    } else if len >= HDR {
-        // SAFETY: rb is live and holds len received bytes.
-        let (tag, payload) = unsafe { (*(*rb).buf, (*rb).buf.add(HDR)) };
-        if st.amo && (tag == super::amo::TAG_REQ || tag == super::amo::TAG_REP) {
-            // SAFETY: the payload holds len - HDR received bytes until we repost.
-            unsafe { super::amo::on_message(mp, tag, payload, len - HDR) };
-            if st.closing.load(Ordering::Relaxed) {
-                return;
+    } else {
+        // (A provider never reports more than the posted length; clamp anyway.)
+        // SAFETY: rb is live; its buffer holds cap bytes, the first len received.
+        let bytes = unsafe { std::slice::from_raw_parts((*rb).buf, len.min((*rb).cap)) };
+        match AmHeader::decode(bytes) {
+            // SAFETY: mp is live; the payload (HDR bytes into the buffer, h.len long,
+            // checked against what arrived) stays ours until we repost below.
+            Ok((h, _)) => unsafe { dispatch(mp, h.tag, (*rb).buf.add(HDR), h.len as usize) },
+            Err(e) => {
+                st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                log::error!("dropping a received fragment on {}: {e}", st.provider);
             }
-            // SAFETY: rb is ours and no longer posted.
-            if let Err(e) = unsafe { repost(st, rb) } {
-                log::error!("re-posting a receive buffer on {}: {e}", st.provider);
-            }
-            return;
-        }
-        // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic.
-        let trig = unsafe {
-            *(&raw const sys::mca_btl_base_active_message_trigger
-                as *const sys::mca_btl_active_message_callback_t)
-                .add(tag as usize)
-        };
-        if let Some(cb) = trig.cbfunc {
-            let mut seg = sys::mca_btl_base_segment_t {
-                seg_addr: sys::opal_ptr_t {
-                    pval: payload as *mut c_void,
-                },
-                seg_len: (len - HDR) as u64,
-            };
-            // SAFETY: zeroed is a valid descriptor; it only lives for the callback.
-            let mut des: sys::mca_btl_base_descriptor_t = unsafe { std::mem::zeroed() };
-            des.des_segments = &mut seg;
-            des.des_segment_count = 1;
-            // SAFETY: the callback may use the payload until it returns; we repost after.
-            unsafe {
-                cb(
-                    mp as *mut sys::mca_btl_base_module_t,
-                    tag,
-                    &mut des,
-                    trig.cbdata,
-                )
-            };
-        } else {
-            log::warn!(
-                "dropping a fragment with active-message tag {tag}, which nobody registered"
-            );
         }
     }
     if st.closing.load(Ordering::Relaxed) {
@@ -312,6 +366,55 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
     if let Err(e) = unsafe { repost(st, rb) } {
         log::error!("re-posting a receive buffer on {}: {e}", st.provider);
     }
+}
+
+/// Hand a decoded fragment to the callback registered for its tag.
+///
+/// # Safety
+/// `mp` is the live module; `payload` points to `len` received bytes of one of our
+/// receive buffers, which stays ours (not reposted) until this returns.
+unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
+    // SAFETY: mp is live.
+    if unsafe { &(*mp).st }.amo && (tag == super::amo::TAG_REQ || tag == super::amo::TAG_REP) {
+        // SAFETY: the payload holds len received bytes until the buffer is reposted.
+        unsafe { super::amo::on_message(mp, tag, payload, len) };
+        return;
+    }
+    // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic;
+    // tag < MCA_BTL_TAG_MAX, its length (checked by AmHeader::decode).
+    let trig = unsafe {
+        *(&raw const sys::mca_btl_base_active_message_trigger
+            as *const sys::mca_btl_active_message_callback_t)
+            .add(tag as usize)
+    };
+    let Some(cb) = trig.cbfunc else {
+        // SAFETY: mp is live.
+        unsafe { &(*mp).st }
+            .bad_fragments
+            .fetch_add(1, Ordering::Relaxed);
+        log::warn!("dropping a fragment with active-message tag {tag}, which nobody registered");
+        return;
+    };
+    let mut seg = sys::mca_btl_base_segment_t {
+        seg_addr: sys::opal_ptr_t {
+            pval: payload as *mut c_void,
+        },
+        seg_len: len as u64,
+    };
+    // SAFETY: zeroed is a valid descriptor; it only lives for the callback.
+    let mut des: sys::mca_btl_base_descriptor_t = unsafe { std::mem::zeroed() };
+    des.des_segments = &mut seg;
+    des.des_segment_count = 1;
+    // SAFETY: the callback may use (and write) the payload until it returns; we
+    // repost after.
+    unsafe {
+        cb(
+            mp as *mut sys::mca_btl_base_module_t,
+            tag,
+            &mut des,
+            trig.cbdata,
+        )
+    };
 }
 
 /// Finish a send: callback, then free if the BTL owns the descriptor.
@@ -563,7 +666,7 @@ pub(crate) extern "C" fn btl_send(
         let f = des as *mut Frag;
         // SAFETY: des is one of our fragments; the header precedes the payload.
         unsafe {
-            *(*f).buf = tag;
+            write_header(f, tag);
             send_frag(module_of(btl), f)
         }
     })
@@ -614,7 +717,7 @@ pub(crate) extern "C" fn btl_sendi(
                 flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
                 total,
             );
-            *(*f).buf = tag;
+            write_header(f, tag);
         }
         // SAFETY: f is primed with its header.
         match unsafe { post(st, f) } {
@@ -635,4 +738,85 @@ pub(crate) extern "C" fn btl_sendi(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+        let mut v = AmHeader {
+            tag,
+            len: payload.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn rejects_the_obvious() {
+        assert_eq!(AmHeader::decode(&[1, 2, 3]), Err(BadAm::Short(3)));
+        // Tag 255 would index one past Open MPI's 255-entry trigger table.
+        assert_eq!(AmHeader::decode(&frame(255, b"x")), Err(BadAm::Tag(255)));
+        let mut f = frame(0x41, b"abc");
+        f[1] = 0;
+        assert_eq!(AmHeader::decode(&f), Err(BadAm::Format));
+        let mut f = frame(0x41, b"abc");
+        f.push(0);
+        assert_eq!(
+            AmHeader::decode(&f),
+            Err(BadAm::Length {
+                header: 3,
+                received: 4
+            })
+        );
+    }
+
+    proptest! {
+        /// Random bytes: never a panic; what is accepted is self-consistent.
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok((h, p)) = AmHeader::decode(&bytes) {
+                prop_assert!((h.tag as u32) < sys::MCA_BTL_TAG_MAX);
+                prop_assert_eq!(h.len as usize, p.len());
+                prop_assert_eq!(p, &bytes[HDR..]);
+            }
+        }
+
+        /// Valid fragments round-trip.
+        #[test]
+        fn valid_round_trip(tag in 0u8..255, payload in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let f = frame(tag, &payload);
+            let (h, p) = AmHeader::decode(&f).unwrap();
+            prop_assert_eq!(h, AmHeader { tag, len: payload.len() as u32 });
+            prop_assert_eq!(p, &payload[..]);
+        }
+
+        /// Any change to a valid header's bytes, or a truncated or extended fragment,
+        /// is either rejected or still decodes to exactly what the bytes say (a
+        /// different but valid tag).
+        #[test]
+        fn mutated_header_rejected_or_consistent(
+            tag in 0u8..255, payload in proptest::collection::vec(any::<u8>(), 0..64),
+            at in 0usize..HDR, x in 1u8..=255, cut in 0usize..80,
+        ) {
+            let mut f = frame(tag, &payload);
+            f[at] ^= x;
+            match AmHeader::decode(&f) {
+                Ok((h, _)) => {
+                    prop_assert_eq!(at, 0, "only the tag byte may change and stay valid");
+                    prop_assert_eq!(h.tag, tag ^ x);
+                }
+                Err(e) => prop_assert!(at != 0 || e == BadAm::Tag(tag ^ x)),
+            }
+            let f = frame(tag, &payload);
+            let cut = cut.min(f.len());
+            if cut != f.len() {
+                prop_assert!(AmHeader::decode(&f[..cut]).is_err());
+            }
+        }
+    }
 }

@@ -402,7 +402,7 @@ fn send(mp: *mut Module, ep: *mut sys::mca_btl_base_endpoint_t, tag: u8, bytes: 
             bytes.len(),
         );
         ptr::copy_nonoverlapping(bytes.as_ptr(), (*f).buf.add(am::HDR), bytes.len());
-        *(*f).buf = tag;
+        am::write_header(f, tag);
         am::send_frag(mp, f).min(sys::OPAL_SUCCESS)
     }
 }

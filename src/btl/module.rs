@@ -99,6 +99,9 @@ pub struct State {
     pub in_progress: AtomicBool,
     pub closing: AtomicBool,
     pub cq_errors: AtomicU64,
+    /// Received fragments dropped: a header that fails `am::AmHeader::decode`, or a
+    /// tag nobody registered.
+    pub bad_fragments: AtomicU64,
     /// Operations posted: put, get, atomic_op, atomic_fop, atomic_cswap.
     pub ops: [AtomicU64; 5],
     pub next_key: AtomicU64,
@@ -310,16 +313,11 @@ pub fn init(
     _progress_threads: bool,
     mpi_threads: bool,
 ) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
-    let bad = lock(&super::component::PARAMS)
+    lock(&super::component::PARAMS)
         .as_ref()
-        .map(|p| p.rejected.clone())
-        .unwrap_or_default();
-    if !bad.is_empty() {
-        let msg = format!("invalid MCA parameter values: {}", bad.join("; "));
-        // A configuration error: say it at every verbosity, not only as a decline.
-        log::warn!("{msg}; the component declines");
-        return Err(msg);
-    }
+        .map_or(Err("the BTL parameters were not registered".into()), |p| {
+            p.check()
+        })?;
     let template = TEMPLATE.load(Ordering::Acquire);
     if template.is_null() {
         return Err("the BTL parameters were not registered".into());
@@ -494,6 +492,19 @@ pub fn init(
         provider_atomics
     };
     let inject_size = info.inject_size();
+    // More receive buffers than the provider's receive queue holds can never all be
+    // posted (posting would wait forever for a slot): use the queue depth.
+    let rx_depth = info.rx_size();
+    let rd_num = if rx_depth > 0 && rd_num as usize > rx_depth {
+        log::warn!(
+            "btl_ofi_rd_num={rd_num} exceeds the receive queue of {} ({rx_depth} entries): \
+             using {rx_depth}",
+            info.provider_name()
+        );
+        rx_depth as i64
+    } else {
+        rd_num
+    };
     let max_msg = info.max_msg_size();
     let caps = info.caps();
 
@@ -639,6 +650,7 @@ pub fn init(
             in_progress: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             cq_errors: AtomicU64::new(0),
+            bad_fragments: AtomicU64::new(0),
             ops: Default::default(),
             next_key: AtomicU64::new(1),
             domain: Some(domain),
@@ -931,13 +943,14 @@ unsafe fn destroy(mp: *mut Module) {
     let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     log::info!(
         "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
-         {} sends and {} RDMA operations outstanding",
+         {} received fragments dropped, {} sends and {} RDMA operations outstanding",
         ops[0],
         ops[1],
         ops[2],
         ops[3],
         ops[4],
         st.cq_errors.load(Ordering::Relaxed),
+        st.bad_fragments.load(Ordering::Relaxed),
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );

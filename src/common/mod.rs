@@ -32,7 +32,9 @@ pub fn with_params<R>(f: impl FnOnce(&Registered) -> R) -> Option<R> {
 
 /// Open the output stream at `opal_common_ofi_verbose` (each component's open calls it).
 pub fn open_output() {
-    let verbose = with_params(|p| p.int(idx::VERBOSE)).unwrap_or(0) as i32;
+    // Errors and warnings print at every verbosity: a negative value (refused at init
+    // as out of range) must not silence the message that says so.
+    let verbose = with_params(|p| p.int(idx::VERBOSE)).unwrap_or(0).max(0) as i32;
     output::init(verbose);
     *lock(&OUTPUT_USERS) += 1;
 }

@@ -97,7 +97,7 @@ fn list_param(p: &crate::ompi::params::Registered, i: usize) -> Option<Vec<Strin
 /// Select a provider for `req`, set up the memory monitor, and open (or share) the
 /// domain. On failure the component declines with the returned message.
 pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
-    let (include, mut exclude, exclude_set, monitor_choice, rejected) = super::with_params(|p| {
+    let (include, mut exclude, exclude_set, monitor_choice, checked) = super::with_params(|p| {
         (
             list_param(p, idx::PROVIDER_INCLUDE),
             list_param(p, idx::PROVIDER_EXCLUDE),
@@ -105,15 +105,11 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
             p.enum_name(idx::MEMORY_MONITOR)
                 .unwrap_or("auto")
                 .to_string(),
-            p.rejected.clone(),
+            p.check(),
         )
     })
     .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
-    if !rejected.is_empty() {
-        let msg = format!("invalid MCA parameter values: {}", rejected.join("; "));
-        log::warn!("{msg}; the component declines");
-        return Err(Decline(msg));
-    }
+    checked.map_err(Decline)?;
     if include.is_some() && exclude.is_some() {
         if exclude_set {
             log::warn!("{}", select::both_set_warning());
@@ -125,6 +121,22 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
     // initialises, and the export into it must precede the first fi_domain.
     super::monitor_prepare(&monitor_choice)?;
 
+    let opened = open_prepared(req, include, exclude);
+    // A decline after the monitor was set up (no provider, say) must not leave the
+    // export behind: Open MPI unloads a component that declines, and libfabric and
+    // Open MPI's hooks would keep pointers into the unloaded library (seen: a
+    // segfault at exit after the BTL declined for lack of a provider).
+    if opened.is_err() && lock().handles == 0 {
+        super::monitor_teardown();
+    }
+    opened
+}
+
+fn open_prepared(
+    req: DomainRequest,
+    include: Option<Vec<String>>,
+    exclude: Option<Vec<String>>,
+) -> Result<DomainHandle, Decline> {
     // SAFETY: opal_process_info is initialised by opal_init before components run.
     let local_rank = unsafe { ompi_sys::opal_process_info.my_local_rank }.max(0) as u32;
     let locality = super::locality::pci_distance;

@@ -11,7 +11,7 @@
 //! is released, because a completion may post (the acknowledgement of a synchronous
 //! send) or call into the PML.
 
-use super::tag::{Proto, TagLayout};
+use super::tag::{Envelope, Proto, TagLayout};
 use crate::ompi::glue;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -80,6 +80,8 @@ pub struct Mtl {
 pub struct Counters {
     pub cq_errors: AtomicU64,
     pub eagain: AtomicU64,
+    /// Received messages whose envelope failed [`TagLayout::decode`].
+    pub bad_envelopes: AtomicU64,
 }
 
 // SAFETY: the raw fid pointers are only used under `lock` when the provider's
@@ -294,6 +296,41 @@ pub(super) fn peer_addr(
 fn comm_cid(comm: *mut sys::ompi_communicator_t) -> u32 {
     // SAFETY: comm is a live communicator.
     unsafe { (*comm).c_contextid }
+}
+
+/// The size of the communicator's remote group (its size for an intracommunicator):
+/// the bound of a received source rank.
+#[inline]
+fn comm_size(comm: *mut sys::ompi_communicator_t) -> c_int {
+    // (Not ompi_comm_remote_size, which is 0 for an intracommunicator.)
+    // SAFETY: comm is a live communicator; its remote group (the local group for an
+    // intracommunicator) lives as long as it.
+    unsafe {
+        let g = (*comm).c_remote_group;
+        if g.is_null() {
+            0
+        } else {
+            (*g).grp_proc_count
+        }
+    }
+}
+
+/// Decode and check the envelope of a message received on `comm`. A rejected one is
+/// logged and counted, and the caller reports it through the request or return code
+/// (never a lookup of a rank outside the communicator, which would read out of bounds).
+pub(super) fn envelope(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    bits: u64,
+    data: u64,
+) -> Result<Envelope, c_int> {
+    m.layout
+        .decode(bits, data, comm_cid(comm), comm_size(comm))
+        .map_err(|e| {
+            m.counters.bad_envelopes.fetch_add(1, Ordering::Relaxed);
+            log::error!("rejected a received message (tag {bits:#x}, data {data:#x}): {e}");
+            sys::OMPI_ERROR
+        })
 }
 
 #[inline]
@@ -598,13 +635,12 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
                 (*r).matched_tag = e.tag;
                 (*r).matched_data = e.data;
                 (*r).status.count = e.len;
-                if m.layout.proto(e.tag) == Proto::Sync {
-                    send_ack(
-                        m,
-                        (*r).comm,
-                        m.layout.source(e.tag, e.data),
-                        m.layout.sync_id(e.data),
-                    );
+                match envelope(m, (*r).comm, e.tag, e.data) {
+                    Ok(env) if env.proto == Proto::Sync => {
+                        send_ack(m, (*r).comm, env.source, env.sync_id)
+                    }
+                    Ok(_) => {}
+                    Err(_) => (*r).status.error = sys::MPI_ERR_INTERN as c_int,
                 }
                 (*r).pending.store(0, Ordering::Release);
             }
@@ -652,12 +688,25 @@ pub(super) unsafe fn recv_done(
     flags: u64,
     error: c_int,
 ) {
-    let l = &m.layout;
     // SAFETY: forwarded.
     unsafe {
-        let source = l.source(tag, data);
-        (*r).status.source = source;
-        (*r).status.tag = l.mpi_tag(tag);
+        let Ok(env) = envelope(m, (*r).comm, tag, data) else {
+            // Not a message any peer of this communicator sent: fail the receive
+            // (the data that landed in the buffer is not delivered).
+            (*r).status.source = sys::MPI_ANY_SOURCE;
+            (*r).status.tag = sys::MPI_ANY_TAG;
+            (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+            (*r).status.count = 0;
+            if (*r).owns_buffer {
+                libc::free((*r).buffer as *mut c_void);
+                (*r).buffer = ptr::null_mut();
+                (*r).owns_buffer = false;
+            }
+            Request::complete_to_pml(r);
+            return;
+        };
+        (*r).status.source = env.source;
+        (*r).status.tag = env.tag;
         // A message longer than the receive: the provider said so (error), or it
         // reported the full length (udp;ofi_rxd does not flag truncation), or the
         // excess went to the overflow area.
@@ -667,8 +716,8 @@ pub(super) unsafe fn recv_done(
             error
         };
         (*r).status.count = len.min((*r).length);
-        if l.proto(tag) == Proto::Sync && flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
-            send_ack(m, (*r).comm, source, l.sync_id(data));
+        if env.proto == Proto::Sync && flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+            send_ack(m, (*r).comm, env.source, env.sync_id);
         }
         if (*r).owns_buffer {
             unpack((*r).convertor, (*r).buffer, (*r).status.count);
@@ -1391,20 +1440,14 @@ fn peek(
     })
 }
 
-fn fill_status(
-    status: *mut sys::ompi_status_public_t,
-    l: &TagLayout,
-    bits: u64,
-    data: u64,
-    len: usize,
-) {
+fn fill_status(status: *mut sys::ompi_status_public_t, env: &Envelope, len: usize) {
     if status.is_null() {
         return;
     }
     // SAFETY: the PML passes a valid status (or null, handled above).
     unsafe {
-        (*status).MPI_SOURCE = l.source(bits, data);
-        (*status).MPI_TAG = l.mpi_tag(bits);
+        (*status).MPI_SOURCE = env.source;
+        (*status).MPI_TAG = env.tag;
         (*status).MPI_ERROR = sys::MPI_SUCCESS as c_int;
         (*status)._ucount = len;
     }
@@ -1430,9 +1473,13 @@ fn iprobe_impl(
     };
     match found {
         Ok(Some((bits, data, len))) => {
+            let env = match envelope(m, comm, bits, data) {
+                Ok(env) => env,
+                Err(rc) => return rc,
+            };
             // SAFETY: flag is valid.
             unsafe { *flag = 1 };
-            fill_status(status, &m.layout, bits, data, len);
+            fill_status(status, &env, len);
             sys::OMPI_SUCCESS
         }
         Ok(None) => {
@@ -1488,7 +1535,10 @@ fn improbe_impl(
     // Receive exactly that message now, so that no later receive can take it: same
     // tag bits (communicator, source, tag, protocol) and, where the source does not
     // travel in the tag, the same source address.
-    let source = m.layout.source(bits, data);
+    let source = match envelope(m, comm, bits, data) {
+        Ok(env) => env.source,
+        Err(rc) => return rc,
+    };
     let mut addr = FI_ADDR_UNSPEC;
     if m.layout.source_in_data() {
         addr = match peer_addr(comm, source) {
@@ -1565,6 +1615,19 @@ fn publish_message(
     message: *mut *mut sys::ompi_message_t,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
+    let env = match envelope(m, comm, bits, data) {
+        Ok(env) => env,
+        Err(rc) => {
+            // Claimed but not deliverable: drop it (already logged).
+            if let Claimed::Fabric(c) = claimed {
+                if c.owns_buffer {
+                    // SAFETY: allocated in improbe, not referenced any more.
+                    unsafe { libc::free(c.buffer as *mut c_void) };
+                }
+            }
+            return rc;
+        }
+    };
     // SAFETY: glue allocation from Open MPI's free list.
     let msg = unsafe { glue::ompi_ofi_glue_message_alloc() };
     if msg.is_null() {
@@ -1574,12 +1637,12 @@ fn publish_message(
     unsafe {
         (*msg).comm = comm;
         (*msg).req_ptr = Box::into_raw(Box::new(claimed)) as *mut c_void;
-        (*msg).peer = m.layout.source(bits, data);
+        (*msg).peer = env.source;
         (*msg).count = len;
         *message = msg;
         *flag = 1;
     }
-    fill_status(status, &m.layout, bits, data, len);
+    fill_status(status, &env, len);
     sys::OMPI_SUCCESS
 }
 

@@ -70,11 +70,12 @@ fn param(i: usize) -> i64 {
         .unwrap_or(0)
 }
 
-fn rejected() -> Vec<String> {
+fn check_params() -> Result<(), String> {
     lock(&super::component::PARAMS)
         .as_ref()
-        .map(|p| p.rejected.clone())
-        .unwrap_or_default()
+        .map_or(Err("the MTL parameters were not registered".into()), |p| {
+            p.check()
+        })
 }
 
 fn progress_of(v: i64) -> fi::fi_progress {
@@ -96,13 +97,7 @@ pub fn init_module(
     _progress_threads: bool,
     mpi_threads: bool,
 ) -> Result<*mut sys::mca_mtl_base_module_t, String> {
-    let bad = rejected();
-    if !bad.is_empty() {
-        let msg = format!("invalid MCA parameter values: {}", bad.join("; "));
-        // A configuration error: say it at every verbosity, not only as a decline.
-        log::warn!("{msg}; the component declines");
-        return Err(msg);
-    }
+    check_params()?;
     let requested = match param(idx::TAG_MODE) {
         2 => Some(TagMode::Tag1),
         3 => Some(TagMode::Tag2),
@@ -519,9 +514,13 @@ pub fn finalize() {
         }
         let c = &m.counters;
         log::debug!(
-            "finalize: {} completion errors, {} EAGAIN retries",
+            "finalize: {} completion errors, {} EAGAIN retries, {} received messages rejected",
             c.cq_errors.load(Ordering::Relaxed),
-            c.eagain.load(Ordering::Relaxed)
+            c.eagain.load(Ordering::Relaxed),
+            c.bad_envelopes.load(Ordering::Relaxed)
+                + m.soft
+                    .as_ref()
+                    .map_or(0, |sm| sm.rejected.load(Ordering::Relaxed))
         );
     }
 }

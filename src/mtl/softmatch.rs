@@ -58,6 +58,119 @@ pub struct Hdr {
     pub token: u64,
 }
 
+/// Why a received protocol message was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadHdr {
+    /// Fewer bytes than a header.
+    Short(usize),
+    /// A kind no sender uses.
+    Kind(u32),
+    /// Padding or a field that this kind never sets is not zero.
+    Reserved,
+    /// The header's length disagrees with what arrived (EAGER), or an RTS for a
+    /// message small enough to travel eagerly, or a payload after a control header.
+    Length { header: u64, payload: usize },
+    /// A FIN or ACK without a token.
+    Token,
+}
+
+impl std::fmt::Display for BadHdr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            BadHdr::Short(n) => write!(f, "{n} bytes, less than a {HDR_LEN}-byte header"),
+            BadHdr::Kind(k) => write!(f, "unknown kind {k}"),
+            BadHdr::Reserved => write!(f, "a reserved field is not zero"),
+            BadHdr::Length { header, payload } => write!(
+                f,
+                "length {header} in the header, {payload} payload bytes received"
+            ),
+            BadHdr::Token => write!(f, "a control message without a token"),
+        }
+    }
+}
+
+impl Hdr {
+    /// The bytes of this header as sent.
+    pub fn to_bytes(&self) -> [u8; HDR_LEN] {
+        let mut b = [0u8; HDR_LEN];
+        let words = [
+            self.bits, self.data, self.len, self.addr, self.key, self.token,
+        ];
+        b[0..4].copy_from_slice(&self.kind.to_ne_bytes());
+        b[4..8].copy_from_slice(&self._pad.to_ne_bytes());
+        for (i, w) in words.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_ne_bytes());
+        }
+        b
+    }
+
+    /// Decode and check the header at the start of a received message (`bytes` is
+    /// everything that arrived). Returns the header and the payload after it. Checks
+    /// only what the receiver can know; the token of a FIN/ACK is checked against the
+    /// sends waiting for one ([`SoftMatch`] keeps them).
+    pub fn decode(bytes: &[u8]) -> Result<(Hdr, &[u8]), BadHdr> {
+        if bytes.len() < HDR_LEN {
+            return Err(BadHdr::Short(bytes.len()));
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[8 + 8 * i..16 + 8 * i]);
+            u64::from_ne_bytes(w)
+        };
+        let mut k = [0u8; 4];
+        k.copy_from_slice(&bytes[0..4]);
+        let mut pad = [0u8; 4];
+        pad.copy_from_slice(&bytes[4..8]);
+        let h = Hdr {
+            kind: u32::from_ne_bytes(k),
+            _pad: u32::from_ne_bytes(pad),
+            bits: word(0),
+            data: word(1),
+            len: word(2),
+            addr: word(3),
+            key: word(4),
+            token: word(5),
+        };
+        let payload = &bytes[HDR_LEN..];
+        if h._pad != 0 {
+            return Err(BadHdr::Reserved);
+        }
+        let bad_len = || BadHdr::Length {
+            header: h.len,
+            payload: payload.len(),
+        };
+        match h.kind {
+            EAGER => {
+                if h.len != payload.len() as u64 || h.addr != 0 || h.key != 0 {
+                    return Err(if h.len != payload.len() as u64 {
+                        bad_len()
+                    } else {
+                        BadHdr::Reserved
+                    });
+                }
+            }
+            RTS => {
+                if !payload.is_empty() || h.len <= EAGER_MAX as u64 {
+                    return Err(bad_len());
+                }
+            }
+            FIN | ACK => {
+                if !payload.is_empty() || h.len != 0 {
+                    return Err(bad_len());
+                }
+                if h.bits != 0 || h.data != 0 || h.addr != 0 || h.key != 0 {
+                    return Err(BadHdr::Reserved);
+                }
+                if h.token == 0 {
+                    return Err(BadHdr::Token);
+                }
+            }
+            k => return Err(BadHdr::Kind(k)),
+        }
+        Ok((h, payload))
+    }
+}
+
 /// An envelope decoded from a header, as the matching sees it.
 fn matches(bits: u64, ignore: u64, msg: u64) -> bool {
     (bits | ignore) == (msg | ignore)
@@ -83,6 +196,12 @@ struct Lists {
 /// The software-matching state of the MTL.
 pub struct SoftMatch {
     lists: Mutex<Lists>,
+    /// Sends waiting for a FIN (rendezvous) or ACK (synchronous eager): token -> the
+    /// kind expected. A FIN/ACK whose token is not here is rejected, never
+    /// dereferenced: the token is a pointer, and it comes from the wire.
+    waiting: Mutex<std::collections::HashMap<u64, u32>>,
+    /// Received messages rejected by [`Hdr::decode`] or the token check.
+    pub rejected: AtomicU64,
     /// Held while one thread reads and dispatches completions.
     pub progress: Mutex<()>,
     bounces: Vec<*mut Request>,
@@ -107,6 +226,8 @@ impl SoftMatch {
                 posted: VecDeque::new(),
                 unexpected: VecDeque::new(),
             }),
+            waiting: Mutex::new(std::collections::HashMap::new()),
+            rejected: AtomicU64::new(0),
             progress: Mutex::new(()),
             bounces: Vec::new(),
             domain,
@@ -131,6 +252,31 @@ impl SoftMatch {
             repost(m, p)?;
         }
         Ok(())
+    }
+
+    fn expect(&self, token: u64, kind: u32) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token, kind);
+    }
+
+    fn forget(&self, token: u64) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&token);
+    }
+
+    /// Take the send waiting for a `kind` control message with `token`, if any.
+    fn take_waiting(&self, token: u64, kind: u32) -> bool {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if w.get(&token) == Some(&kind) {
+            w.remove(&token);
+            true
+        } else {
+            false
+        }
     }
 
     /// Free the bounce buffers (the endpoint is closed: nothing is posted any more).
@@ -228,6 +374,9 @@ pub unsafe fn send(
         };
         rq.pending
             .store(if sync { 2 } else { 1 }, Ordering::Release);
+        if sync {
+            sm.expect(r as u64, ACK);
+        }
         let total = HDR_LEN + len;
         if total <= m.inject_size && !sync {
             let mut tmp = [0u8; 4096];
@@ -272,6 +421,9 @@ pub unsafe fn send(
             unsafe { fi::fi_sendv(m.ep, iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
         });
         return if ret < 0 {
+            if sync {
+                sm.forget(r as u64);
+            }
             datapath::fi_to_ompi(ret)
         } else {
             sys::OMPI_SUCCESS
@@ -312,11 +464,13 @@ pub unsafe fn send(
     };
     rq.pending.store(1, Ordering::Release);
     let h = rq.sm_hdr;
+    sm.expect(r as u64, FIN);
     let ret = datapath::retry(m, || {
         // SAFETY: inject copies the header.
         unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
     });
     if ret < 0 {
+        sm.forget(r as u64);
         drop_mr(rq);
         return datapath::fi_to_ompi(ret);
     }
@@ -345,7 +499,18 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
     let l = &m.layout;
     // SAFETY: r is a live receive we matched.
     let rq = unsafe { &mut *r };
-    let source = l.source(hdr.bits, hdr.data);
+    let source = match datapath::envelope(m, rq.comm, hdr.bits, hdr.data) {
+        Ok(env) => env.source,
+        Err(_) => {
+            // Logged; recv_done fails the receive on the same check. An RTS sender
+            // is not told (it is not a peer we can name).
+            // SAFETY: r is live.
+            unsafe {
+                datapath::recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int)
+            };
+            return;
+        }
+    };
     let addr = datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
     match what {
         Delivery::Eager(owned) => {
@@ -462,22 +627,33 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
 /// `b` must be one of the bounce requests.
 pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) {
     // SAFETY: forwarded; the buffer holds len received bytes.
-    let bytes = unsafe { std::slice::from_raw_parts((*b).buffer, len) };
-    if len < HDR_LEN {
-        log::error!("dropping a {len}-byte message without a header");
-        let _ = repost(m, b);
-        return;
-    }
-    let mut hdr = Hdr::default();
-    // SAFETY: at least HDR_LEN bytes; Hdr is plain data.
-    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), &mut hdr as *mut Hdr as *mut u8, HDR_LEN) };
-    let payload = &bytes[HDR_LEN..];
+    // (A provider never reports more than the posted length; clamp anyway.)
+    // SAFETY: the bounce buffer holds BOUNCE_SIZE bytes, the first `len` received.
+    let bytes = unsafe { std::slice::from_raw_parts((*b).buffer, len.min((*b).length)) };
+    let (hdr, payload) = match Hdr::decode(bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            sm.rejected.fetch_add(1, Ordering::Relaxed);
+            log::error!("dropping a received message: {e}");
+            let _ = repost(m, b);
+            return;
+        }
+    };
     match hdr.kind {
         FIN | ACK => {
             let _ = repost(m, b);
+            if !sm.take_waiting(hdr.token, hdr.kind) {
+                sm.rejected.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "dropping a {} whose token {:#x} names no send waiting for one",
+                    if hdr.kind == FIN { "FIN" } else { "ACK" },
+                    hdr.token
+                );
+                return;
+            }
             let r = hdr.token as *mut Request;
-            // SAFETY: the token is the pointer of our own send request, alive until
-            // this last completion.
+            // SAFETY: the token is the pointer of our own send request, registered in
+            // `waiting` when it was sent and alive until this last completion.
             unsafe {
                 if hdr.kind == FIN {
                     drop_mr(&mut *r);
@@ -485,7 +661,8 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                 datapath::finish_part(r);
             }
         }
-        EAGER | RTS => {
+        _ => {
+            // EAGER or RTS (decode admits nothing else).
             let payload_len = (hdr.len as usize).min(payload.len());
             let matched = {
                 let mut lists = lock(&sm.lists);
@@ -512,10 +689,6 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                 };
                 deliver(m, r, hdr, what, Some(&payload[..payload_len]));
             }
-            let _ = repost(m, b);
-        }
-        k => {
-            log::error!("dropping a message of unknown kind {k}");
             let _ = repost(m, b);
         }
     }
@@ -585,9 +758,10 @@ pub fn claim(
         lists.unexpected.remove(i)?
     };
     if u.hdr.kind == EAGER && m.layout.proto(u.hdr.bits) == Proto::Sync {
-        let source = m.layout.source(u.hdr.bits, u.hdr.data);
-        if let Ok(addr) = datapath::peer_addr(comm, source) {
-            control(m, addr, ACK, u.hdr.token);
+        if let Ok(env) = datapath::envelope(m, comm, u.hdr.bits, u.hdr.data) {
+            if let Ok(addr) = datapath::peer_addr(comm, env.source) {
+                control(m, addr, ACK, u.hdr.token);
+            }
         }
         let mut u = u;
         // Acknowledged: deliver it as a plain message later.
@@ -610,5 +784,148 @@ pub fn cancel(sm: &SoftMatch, r: *mut Request) -> bool {
             true
         }
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frame(h: &Hdr, payload: &[u8]) -> Vec<u8> {
+        let mut v = h.to_bytes().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn valid() -> impl Strategy<Value = (Hdr, Vec<u8>)> {
+        let eager = (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(|(bits, data, token, p)| {
+                (
+                    Hdr {
+                        kind: EAGER,
+                        bits,
+                        data,
+                        len: p.len() as u64,
+                        token,
+                        ..Default::default()
+                    },
+                    p,
+                )
+            });
+        let rts = (
+            any::<u64>(),
+            any::<u64>(),
+            (EAGER_MAX as u64 + 1)..u64::MAX,
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        )
+            .prop_map(|(bits, data, len, addr, key, token)| {
+                (
+                    Hdr {
+                        kind: RTS,
+                        bits,
+                        data,
+                        len,
+                        addr,
+                        key,
+                        token,
+                        ..Default::default()
+                    },
+                    vec![],
+                )
+            });
+        let ctl = (prop_oneof![Just(FIN), Just(ACK)], 1u64..).prop_map(|(kind, token)| {
+            (
+                Hdr {
+                    kind,
+                    token,
+                    ..Default::default()
+                },
+                vec![],
+            )
+        });
+        prop_oneof![eager, rts, ctl]
+    }
+
+    #[test]
+    fn rejects_the_obvious() {
+        assert_eq!(Hdr::decode(&[0u8; 10]).err(), Some(BadHdr::Short(10)));
+        let h = Hdr {
+            kind: 9,
+            ..Default::default()
+        };
+        assert_eq!(Hdr::decode(&frame(&h, &[])).err(), Some(BadHdr::Kind(9)));
+        let h = Hdr {
+            kind: FIN,
+            ..Default::default()
+        };
+        assert_eq!(Hdr::decode(&frame(&h, &[])).err(), Some(BadHdr::Token));
+        let h = Hdr {
+            kind: EAGER,
+            len: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            Hdr::decode(&frame(&h, &[1, 2, 3])).err(),
+            Some(BadHdr::Length {
+                header: 100,
+                payload: 3
+            })
+        );
+        let h = Hdr {
+            kind: RTS,
+            len: 10,
+            ..Default::default()
+        };
+        assert!(
+            Hdr::decode(&frame(&h, &[])).is_err(),
+            "an RTS below the eager limit"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
+            if let Ok((h, p)) = Hdr::decode(&bytes) {
+                prop_assert!(matches!(h.kind, EAGER | RTS | FIN | ACK));
+                prop_assert_eq!(p.len(), bytes.len() - HDR_LEN);
+                if h.kind == EAGER {
+                    prop_assert_eq!(h.len as usize, p.len());
+                } else {
+                    prop_assert!(p.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn valid_round_trip((h, p) in valid()) {
+            let f = frame(&h, &p);
+            let (d, dp) = Hdr::decode(&f).unwrap();
+            prop_assert_eq!(d.to_bytes(), h.to_bytes());
+            prop_assert_eq!(dp, &p[..]);
+        }
+
+        /// A mutated valid message decodes only to exactly what its bytes say, and a
+        /// truncated or extended one is rejected.
+        #[test]
+        fn mutated_rejected_or_consistent((h, p) in valid(), at in 0usize..HDR_LEN, x in 1u8..=255, extra in 1usize..8) {
+            let mut f = frame(&h, &p);
+            f[at] ^= x;
+            if let Ok((d, _)) = Hdr::decode(&f) {
+                prop_assert_eq!(d.to_bytes().to_vec(), f[..HDR_LEN].to_vec());
+            }
+            let f = frame(&h, &p);
+            prop_assert!(Hdr::decode(&f[..HDR_LEN - 1]).is_err());
+            let mut longer = f.clone();
+            longer.extend(std::iter::repeat_n(0u8, extra));
+            prop_assert!(Hdr::decode(&longer).is_err());
+        }
     }
 }

@@ -36,6 +36,47 @@ impl TagMode {
     }
 }
 
+/// The checked envelope of a received message ([`TagLayout::decode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Envelope {
+    pub cid: u32,
+    pub source: i32,
+    pub tag: i32,
+    pub proto: Proto,
+    pub sync_id: u32,
+}
+
+/// Why a received envelope was rejected: a peer sent bits that no sender of this
+/// layout produces (corruption, or a peer that is not one of ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadEnvelope {
+    /// The communicator id is not the one of the receive (or of any communicator).
+    Cid { got: u32, expected: u32 },
+    /// The source rank is outside the communicator.
+    Source { source: i64, size: i32 },
+    /// The protocol bits are not those of an MPI message (an acknowledgement, or both
+    /// bits set).
+    Proto { bits: u64 },
+}
+
+impl std::fmt::Display for BadEnvelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            BadEnvelope::Cid { got, expected } => write!(
+                f,
+                "communicator id {got} in a message for communicator id {expected}"
+            ),
+            BadEnvelope::Source { source, size } => write!(
+                f,
+                "source rank {source} outside a communicator of {size} ranks"
+            ),
+            BadEnvelope::Proto { bits } => {
+                write!(f, "protocol bits of tag {bits:#x} are not an MPI message's")
+            }
+        }
+    }
+}
+
 /// A resolved layout with its masks and shifts.
 #[derive(Debug, Clone, Copy)]
 pub struct TagLayout {
@@ -218,6 +259,44 @@ impl TagLayout {
     pub fn cid(&self, bits: u64) -> u32 {
         (bits >> self.cid_shift) as u32
     }
+
+    /// Decode the envelope of a message received on communicator `cid` whose remote
+    /// group has `size` ranks, checking what a peer could get wrong: the
+    /// communicator id, the source rank (from the tag, or from the CQ data in the
+    /// full layout) and the protocol bits. The MPI tag needs no check: every value of
+    /// the tag field is a valid (possibly negative) MPI tag. A few compares: this runs
+    /// for every received message.
+    #[inline]
+    pub fn decode(
+        &self,
+        bits: u64,
+        data: u64,
+        cid: u32,
+        size: i32,
+    ) -> Result<Envelope, BadEnvelope> {
+        let got = self.cid(bits);
+        if got != cid {
+            return Err(BadEnvelope::Cid { got, expected: cid });
+        }
+        if bits & self.ack != 0 {
+            return Err(BadEnvelope::Proto { bits });
+        }
+        let source = if self.source_in_data() {
+            data as u32 as u64
+        } else {
+            (bits >> self.source_shift) & self.source_mask
+        } as i64;
+        if source >= size as i64 {
+            return Err(BadEnvelope::Source { source, size });
+        }
+        Ok(Envelope {
+            cid: got,
+            source: source as i32,
+            tag: self.mpi_tag(bits),
+            proto: self.proto(bits),
+            sync_id: self.sync_id(data),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -288,6 +367,78 @@ mod tests {
                     l.send_tag(3, 1, 5, Proto::Plain)
                 ));
             }
+        }
+    }
+
+    use proptest::prelude::*;
+
+    fn layouts() -> impl Strategy<Value = TagLayout> {
+        prop_oneof![
+            Just(TagLayout::new(TagMode::Full)),
+            Just(TagLayout::new(TagMode::Tag1)),
+            Just(TagLayout::new(TagMode::Tag2)),
+        ]
+    }
+
+    proptest! {
+        /// Arbitrary bits and data: decode never panics, and what it accepts is in range.
+        #[test]
+        fn decode_random_never_panics(
+            l in layouts(), bits in any::<u64>(), data in any::<u64>(),
+            cid in any::<u32>(), size in any::<i32>(),
+        ) {
+            if let Ok(e) = l.decode(bits, data, cid, size) {
+                prop_assert_eq!(e.cid, cid);
+                prop_assert!(e.source >= 0 && e.source < size);
+                prop_assert!(e.proto != Proto::Ack);
+            }
+        }
+
+        /// Valid envelopes round-trip.
+        #[test]
+        fn decode_round_trips(
+            l in layouts(), cid in any::<u32>(), size in 1i32..=(1 << 18),
+            src_frac in 0.0f64..1.0, tag in any::<i32>(), sync in any::<bool>(), id in any::<u32>(),
+        ) {
+            let cid = cid & l.max_cid() as u32;
+            let src = ((size as f64 * src_frac) as i32).min(size - 1);
+            // The tag field holds tag_bits bits: wider tags are not representable.
+            let tag = l.mpi_tag(tag as u32 as u64);
+            let id = (id as u64 & (l.sync_id_space() - 1)) as u32;
+            let proto = if sync { Proto::Sync } else { Proto::Plain };
+            let bits = l.send_tag(cid, src, tag, proto);
+            let e = l.decode(bits, l.cq_data(src, id), cid, size).unwrap();
+            prop_assert_eq!(e, Envelope { cid, source: src, tag, proto, sync_id: id });
+        }
+
+        /// A source at or beyond the communicator size, another communicator's id or
+        /// the acknowledgement bit are rejected.
+        #[test]
+        fn decode_rejects_out_of_range(
+            l in layouts(), cid in any::<u32>(), size in 1i32..1000, extra in 0i32..1000,
+            tag in any::<i32>(), flip in 0u32..30,
+        ) {
+            let cid = cid & l.max_cid() as u32;
+            let src = size + extra;
+            let bits = l.send_tag(cid, src, tag, Proto::Plain);
+            let data = l.cq_data(src, 0);
+            let source_fits = (src as u64) <= l.max_source();
+            if source_fits {
+                prop_assert!(
+                    matches!(l.decode(bits, data, cid, size), Err(BadEnvelope::Source { .. })),
+                    "source out of range accepted"
+                );
+            }
+            let ok = l.send_tag(cid, 0, tag, Proto::Plain);
+            let other = cid ^ (1 << (flip % l.cid_bits));
+            prop_assert!(
+                matches!(l.decode(ok, 0, other, size), Err(BadEnvelope::Cid { .. })),
+                "foreign communicator id accepted"
+            );
+            prop_assert!(
+                matches!(l.decode(l.ack_tag(7) | (ok & !l.tag_mask), 0, cid, size), Err(BadEnvelope::Proto { .. })),
+                "acknowledgement accepted as a message"
+            );
         }
     }
 

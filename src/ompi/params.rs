@@ -34,6 +34,132 @@ pub struct ParamSpec {
     pub readonly: bool,
     pub synonyms: &'static [&'static str],
     pub help: &'static str,
+    /// Int and size: the accepted range, from the table's `min`/`max`.
+    pub min: i128,
+    pub max: i128,
+    /// String: a comma-separated list of provider names.
+    pub list: bool,
+    /// String: the accepted words (empty: any).
+    pub choices: &'static [&'static str],
+}
+
+/// What [`check_raw`] thinks of a value as the user wrote it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Ok,
+    /// Usable, with a remark (the value used is stated in the text).
+    Warn(String),
+    /// Not usable: the component declines.
+    Bad(String),
+}
+
+/// Parse an integer the way Open MPI's `strtoull(.., 0)` plus its `k`/`m`/`g` suffixes
+/// does, but strictly: Open MPI reads "abc" as 0 and "12abc" as 12 without a word.
+/// Surrounding blanks are allowed.
+pub fn parse_number(raw: &str, signed: bool) -> Option<i128> {
+    let t = raw.trim();
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') if signed => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (t, mult) = match t.as_bytes().last().map(|c| c.to_ascii_lowercase()) {
+        Some(b'k') => (&t[..t.len() - 1], 1i128 << 10),
+        Some(b'm') => (&t[..t.len() - 1], 1i128 << 20),
+        Some(b'g') => (&t[..t.len() - 1], 1i128 << 30),
+        _ => (t, 1),
+    };
+    let (digits, radix) = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        (h, 16)
+    } else if t.len() > 1 && t.starts_with('0') {
+        (&t[1..], 8)
+    } else {
+        (t, 10)
+    };
+    if digits.is_empty() || digits.len() > 40 || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let v = i128::from_str_radix(digits, radix)
+        .ok()?
+        .checked_mul(mult)?;
+    Some(if neg { -v } else { v })
+}
+
+/// Is `raw` an acceptable value of `spec`? Pure: the unit tests and the bad-input test
+/// (scripts/check-params) rely on the same rules.
+pub fn check_raw(spec: &ParamSpec, raw: &str) -> Verdict {
+    let range = |v: i128| {
+        if v < spec.min || v > spec.max {
+            Verdict::Bad(format!(
+                "out of range (accepted: {} to {})",
+                spec.min, spec.max
+            ))
+        } else {
+            Verdict::Ok
+        }
+    };
+    match spec.kind {
+        Kind::Int(_) => match parse_number(raw, true) {
+            Some(v) => range(v),
+            None => Verdict::Bad(format!(
+                "not an integer (accepted: {} to {})",
+                spec.min, spec.max
+            )),
+        },
+        Kind::Size(_) => match parse_number(raw, false) {
+            Some(v) => range(v),
+            None => Verdict::Bad(format!(
+                "not a size (a non-negative number, optionally with a k, m or g suffix, at most {})",
+                spec.max
+            )),
+        },
+        Kind::Bool(_) => {
+            let t = raw.trim().to_ascii_lowercase();
+            if matches!(
+                t.as_str(),
+                "0" | "1" | "t" | "f" | "y" | "n" | "true" | "false" | "yes" | "no" | "enabled" | "disabled"
+            ) {
+                Verdict::Ok
+            } else {
+                Verdict::Bad("not a boolean (accepted: true, false, 1, 0, yes, no)".into())
+            }
+        }
+        Kind::Enum { values, .. } => {
+            let t = raw.trim();
+            let ok = values.iter().any(|(n, s)| {
+                s.eq_ignore_ascii_case(t) || t.parse::<i32>().is_ok_and(|v| v == *n)
+            });
+            if ok {
+                Verdict::Ok
+            } else {
+                let names: Vec<&str> = values.iter().map(|(_, s)| *s).collect();
+                Verdict::Bad(format!("unknown value (accepted: {})", names.join(", ")))
+            }
+        }
+        Kind::Str(_) if !spec.choices.is_empty() => {
+            if raw.is_empty() || spec.choices.contains(&raw) {
+                Verdict::Ok
+            } else {
+                Verdict::Bad(format!("unknown value (accepted: {})", spec.choices.join(", ")))
+            }
+        }
+        Kind::Str(_) if spec.list => {
+            let entries: Vec<&str> = raw.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+            if let Some(e) = entries.iter().find(|e| {
+                !e.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ';' | '-' | '.'))
+            }) {
+                return Verdict::Bad(format!(
+                    "{e:?} is not a provider name (a comma-separated list of names such as tcp or \"tcp;ofi_rxm\")"
+                ));
+            }
+            if entries.is_empty() && !raw.trim().is_empty() {
+                return Verdict::Warn("the list names no provider: treated as empty".into());
+            }
+            Verdict::Ok
+        }
+        Kind::Str(_) => Verdict::Ok,
+    }
 }
 
 include!(concat!(env!("OUT_DIR"), "/params.rs"));
@@ -46,7 +172,8 @@ pub enum Owner {
 }
 
 /// A table registered with Open MPI: storage cells, variable indices, and the
-/// values Open MPI rejected (an invalid enum value, for example), which make the
+/// registration failures (an invalid enum value, for example). [`Registered::problems`]
+/// adds what Open MPI accepts but should not (see [`check_raw`]); any error makes the
 /// component decline at init.
 pub struct Registered {
     specs: &'static [ParamSpec],
@@ -54,6 +181,7 @@ pub struct Registered {
     pub indices: Vec<c_int>,
     pub rejected: Vec<String>,
     full_prefix: String,
+    warned: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the cells are written by Open MPI during registration (single-threaded,
@@ -76,6 +204,7 @@ impl Registered {
             indices: Vec::new(),
             rejected: Vec::new(),
             full_prefix,
+            warned: std::sync::atomic::AtomicBool::new(false),
         };
         if cells.is_null() {
             reg.rejected
@@ -176,15 +305,101 @@ impl Registered {
             enumerator = std::ptr::null_mut();
         }
         let _ = enumerator;
-        if idx < 0 {
-            // Open MPI has already printed why (e.g. "An invalid value was supplied
-            // for an enum variable"); remember it so init can decline.
-            self.rejected.push(format!(
-                "{}{}: Open MPI rejected the value (error {idx}); see the message above",
-                self.full_prefix, spec.name
-            ));
-        }
+        // idx < 0: Open MPI refused the value it found (e.g. "An invalid value was
+        // supplied for an enum variable", or an int that overflows); `problems` reports it.
         idx
+    }
+
+    /// The names a user can set this parameter by: the full name, then the
+    /// `<type>_ofi_<name>` synonyms of a common parameter.
+    fn names(&self, spec: &ParamSpec) -> Vec<String> {
+        let mut v = vec![format!("{}{}", self.full_prefix, spec.name)];
+        for s in spec.synonyms {
+            v.push(format!("{s}_ofi_{}", spec.name));
+        }
+        v
+    }
+
+    /// Check every parameter of the table: `(errors, warnings)`. An error names the
+    /// parameter, the value as given and what is accepted; the component declines.
+    /// A warning states the value used instead. Values given in the environment
+    /// (`OMPI_MCA_*`, which is how mpirun passes `--mca`) are checked as written;
+    /// values from parameter files are checked as Open MPI converted them.
+    pub fn problems(&self) -> (Vec<String>, Vec<String>) {
+        let mut errors = self.rejected.clone();
+        let mut warnings = Vec::new();
+        for (i, spec) in self.specs.iter().enumerate() {
+            let idx = self.indices.get(i).copied().unwrap_or(-1);
+            let given: Vec<(String, String)> = self
+                .names(spec)
+                .into_iter()
+                .filter_map(|n| {
+                    std::env::var(format!("OMPI_MCA_{n}"))
+                        .ok()
+                        .map(|raw| (n, raw))
+                })
+                .collect();
+            if idx < 0 {
+                errors.push(match given.first() {
+                    Some((n, raw)) => format!(
+                        "{n}={raw:?}: Open MPI rejected the value ({})",
+                        match check_raw(spec, raw) {
+                            Verdict::Bad(why) => why,
+                            _ => "not representable".into(),
+                        }
+                    ),
+                    None => format!(
+                        "{}{}: Open MPI rejected the value (see its message above)",
+                        self.full_prefix, spec.name
+                    ),
+                });
+                continue;
+            }
+            for (n, raw) in &given {
+                if spec.readonly {
+                    warnings.push(format!(
+                        "{n} is read-only (a report): the value {raw:?} is ignored"
+                    ));
+                    continue;
+                }
+                match check_raw(spec, raw) {
+                    Verdict::Ok => {}
+                    Verdict::Warn(w) => warnings.push(format!("{n}={raw:?}: {w}")),
+                    Verdict::Bad(e) => errors.push(format!("{n}={raw:?}: {e}")),
+                }
+            }
+            if given.is_empty() {
+                if let Kind::Int(_) = spec.kind {
+                    let v = self.int(i) as i128;
+                    if v < spec.min || v > spec.max {
+                        errors.push(format!(
+                            "{}{}={v}: out of range (accepted: {} to {})",
+                            self.full_prefix, spec.name, spec.min, spec.max
+                        ));
+                    }
+                }
+            }
+        }
+        (errors, warnings)
+    }
+
+    /// [`Registered::problems`] for an init: log the warnings (once per load) and
+    /// return the errors as one decline message, or `Ok`.
+    pub fn check(&self) -> Result<(), String> {
+        let (errors, warnings) = self.problems();
+        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            for w in &warnings {
+                log::warn!("{w}");
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            let msg = format!("invalid MCA parameter values: {}", errors.join("; "));
+            // A configuration error: say it at every verbosity, not only as a decline.
+            log::warn!("{msg}; the component declines");
+            Err(msg)
+        }
     }
 
     /// Add `<type>_ofi_<name>` synonyms of this (common) table for `component`.
@@ -362,8 +577,14 @@ pub fn markdown_table() -> String {
     ] {
         for p in specs {
             let def = match p.kind {
-                Kind::Int(v) => v.to_string(),
+                Kind::Int(v) => format!("{v} ({} to {})", p.min, p.max),
+                Kind::Size(v) if p.max < u64::MAX as i128 => {
+                    format!("{v} ({} to {})", p.min, p.max)
+                }
                 Kind::Size(v) => v.to_string(),
+                Kind::Str(v) if !p.choices.is_empty() => {
+                    format!("{v} ({})", p.choices.join(" \\| "))
+                }
                 Kind::Bool(v) => v.to_string(),
                 Kind::Str(v) => {
                     if v.is_empty() {
@@ -426,6 +647,80 @@ mod tests {
             MTL[mtl::TAG_MODE].kind,
             Kind::Enum { default: 1, .. }
         ));
+    }
+
+    #[test]
+    fn numbers_are_parsed_strictly() {
+        for (raw, want) in [
+            ("12", Some(12)),
+            (" 7 ", Some(7)),
+            ("-3", Some(-3)),
+            ("+3", Some(3)),
+            ("0x10", Some(16)),
+            ("010", Some(8)),
+            ("2k", Some(2048)),
+            ("1M", Some(1 << 20)),
+            ("abc", None),
+            ("12abc", None),
+            ("", None),
+            ("1e3", None),
+            ("-", None),
+            ("0x", None),
+            ("k", None),
+        ] {
+            assert_eq!(parse_number(raw, true), want, "{raw:?}");
+        }
+        assert_eq!(parse_number("-1", false), None);
+    }
+
+    fn spec(table: &'static [ParamSpec], name: &str) -> &'static ParamSpec {
+        table.iter().find(|p| p.name == name).unwrap()
+    }
+
+    #[test]
+    fn raw_values_are_checked_by_kind() {
+        let bad = |s: &ParamSpec, v: &str| matches!(check_raw(s, v), Verdict::Bad(_));
+        let mode = spec(BTL, "mode");
+        assert_eq!(check_raw(mode, "2"), Verdict::Ok);
+        for v in ["3", "-1", "abc", "", "99999999999"] {
+            assert!(bad(mode, v), "btl mode {v:?}");
+        }
+        let size = spec(BTL, "rcache_max_bytes");
+        assert_eq!(check_raw(size, "1g"), Verdict::Ok);
+        for v in ["-1", "18446744073709551616", "1x"] {
+            assert!(bad(size, v), "size {v:?}");
+        }
+        let b = spec(BTL, "disable_sep");
+        assert_eq!(check_raw(b, "yes"), Verdict::Ok);
+        assert!(bad(b, "maybe") && bad(b, "2") && bad(b, ""));
+        let e = spec(MTL, "tag_mode");
+        assert_eq!(check_raw(e, "OFI_TAG_1"), Verdict::Ok);
+        assert_eq!(check_raw(e, "2"), Verdict::Ok);
+        assert!(bad(e, "bogus") && bad(e, "99") && bad(e, ""));
+        let c = spec(BTL, "progress_mode");
+        assert_eq!(check_raw(c, "manual"), Verdict::Ok);
+        assert!(bad(c, "bogus"));
+        let l = spec(COMMON, "provider_include");
+        assert_eq!(check_raw(l, "tcp, shm,udp;ofi_rxd"), Verdict::Ok);
+        assert_eq!(check_raw(l, ""), Verdict::Ok);
+        assert!(matches!(check_raw(l, ",,,"), Verdict::Warn(_)));
+        assert!(bad(l, "tcp|shm") && bad(l, "tc p"));
+    }
+
+    #[test]
+    fn every_int_declares_its_range() {
+        for specs in [COMMON, MTL, BTL] {
+            for p in specs {
+                if let Kind::Int(d) = p.kind {
+                    assert!(p.min <= d as i128 && d as i128 <= p.max, "{}", p.name);
+                    assert_eq!(check_raw(p, &d.to_string()), Verdict::Ok, "{}", p.name);
+                    assert!(matches!(
+                        check_raw(p, &(p.max + 1).to_string()),
+                        Verdict::Bad(_)
+                    ));
+                }
+            }
+        }
     }
 
     #[test]
