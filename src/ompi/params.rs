@@ -723,6 +723,30 @@ mod tests {
         }
     }
 
+    /// The README's table is this table: `OMPI_OFI_UPDATE_README=1 cargo test
+    /// readme_parameter_table` rewrites it after a change to `mca_params/`.
+    #[test]
+    fn readme_parameter_table_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).expect("README.md");
+        let head = "| parameter | default | level | meaning |\n";
+        let start = readme.find(head).expect("the parameter table in README.md");
+        let end = readme[start..]
+            .find("\n\n")
+            .map_or(readme.len(), |e| start + e + 1);
+        let table = markdown_table();
+        if readme[start..end] != table && std::env::var_os("OMPI_OFI_UPDATE_README").is_some() {
+            let new = format!("{}{}{}", &readme[..start], table, &readme[end..]);
+            std::fs::write(path, new).expect("write README.md");
+            return;
+        }
+        assert!(
+            readme[start..end] == table,
+            "README.md's parameter table differs from mca_params/: run \
+             OMPI_OFI_UPDATE_README=1 cargo test readme_parameter_table"
+        );
+    }
+
     #[test]
     fn markdown_lists_every_parameter() {
         let t = markdown_table();
