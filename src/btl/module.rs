@@ -419,6 +419,7 @@ pub fn init(
             component: "btl",
             hints,
             threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+            spans_hosts: !all_local,
         }) {
             Ok(d) => {
                 opened = Some((d, atomics, delivery));

@@ -202,8 +202,13 @@ pub fn choose_nic(
 /// mode bit `first` did not have, and the same inject size, message size and tag
 /// format (the components size their protocols from `first`).
 pub fn same_provider_entry(first: InfoRef<'_>, other: InfoRef<'_>) -> bool {
+    first.fabric_name() == other.fabric_name() && same_provider_any_fabric(first, other)
+}
+
+/// [`same_provider_entry`] without the fabric: for NICs the user named
+/// (`nic_include`), which may sit on different fabrics (for tcp: subnets).
+pub fn same_provider_any_fabric(first: InfoRef<'_>, other: InfoRef<'_>) -> bool {
     first.provider_name() == other.provider_name()
-        && first.fabric_name() == other.fabric_name()
         && first.ep_type() == other.ep_type()
         && first.addr_format() == other.addr_format()
         && other.caps() & first.caps() == first.caps()
@@ -211,6 +216,55 @@ pub fn same_provider_entry(first: InfoRef<'_>, other: InfoRef<'_>) -> bool {
         && first.inject_size() == other.inject_size()
         && first.max_msg_size() == other.max_msg_size()
         && first.mem_tag_format() == other.mem_tag_format()
+}
+
+/// Which NICs (domains) a process may use, beyond the provider lists: the
+/// `opal_common_ofi_nic_include/exclude` parameters and where the job's peers are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicPolicy {
+    /// Only these domain or fabric names (exact). Candidates may then span fabrics.
+    pub include: Option<Vec<String>>,
+    /// Never these domain or fabric names (exact); ignored with `include`.
+    pub exclude: Option<Vec<String>>,
+    /// Some peers are on other hosts: a loopback NIC cannot reach them, so it is never
+    /// chosen (its address would be published to peers that cannot use it).
+    pub spans_hosts: bool,
+}
+
+/// Whether a fabric name is a loopback network as the IP providers (tcp, udp, net,
+/// sockets) name it: `127.0.0.1/32`, `127.0.0.0/8`, `::1/128`.
+pub fn is_loopback_fabric(fabric: &str) -> bool {
+    fabric.starts_with("127.") || fabric == "::1" || fabric.starts_with("::1/")
+}
+
+impl NicPolicy {
+    fn named(list: &[String], domain: &str, fabric: &str) -> bool {
+        list.iter().any(|e| e == domain || e == fabric)
+    }
+
+    /// Whether a NIC (domain `domain` on fabric `fabric`) may be used; `Err` says why not.
+    pub fn allows(&self, domain: &str, fabric: &str) -> std::result::Result<(), &'static str> {
+        let include = self.include.as_deref().filter(|l| !l.is_empty());
+        let exclude = self.exclude.as_deref().filter(|l| !l.is_empty());
+        if let Some(inc) = include {
+            if !Self::named(inc, domain, fabric) {
+                return Err("not in nic_include");
+            }
+        } else if let Some(exc) = exclude {
+            if Self::named(exc, domain, fabric) {
+                return Err("in nic_exclude");
+            }
+        }
+        if self.spans_hosts && is_loopback_fabric(fabric) {
+            return Err("loopback, and the job spans hosts");
+        }
+        Ok(())
+    }
+
+    /// Whether the candidates may come from several fabrics (the user named the NICs).
+    fn any_fabric(&self) -> bool {
+        self.include.as_ref().is_some_and(|l| !l.is_empty())
+    }
 }
 
 /// The outcome of [`select_provider`].
@@ -243,6 +297,26 @@ pub fn select_from_list(
         exclude,
         local_rank,
         locality,
+        &NicPolicy::default(),
+    )
+}
+
+/// [`select_from_list`] with a [`NicPolicy`].
+pub fn select_from_list_with(
+    list: &InfoList,
+    include: Option<&[String]>,
+    exclude: Option<&[String]>,
+    local_rank: u32,
+    locality: Option<Locality<'_>>,
+    nics: &NicPolicy,
+) -> Result<Selection> {
+    select_from_entries(
+        list.iter().collect(),
+        include,
+        exclude,
+        local_rank,
+        locality,
+        nics,
     )
 }
 
@@ -252,22 +326,45 @@ fn select_from_entries(
     exclude: Option<&[String]>,
     local_rank: u32,
     locality: Option<Locality<'_>>,
+    nics: &NicPolicy,
 ) -> Result<Selection> {
     let total = entries.len();
-    let allowed = filter_providers(entries, include, exclude);
+    let allowed: Vec<InfoRef<'_>> = filter_providers(entries, include, exclude)
+        .into_iter()
+        .filter(|i| match nics.allows(i.domain_name(), i.fabric_name()) {
+            Ok(()) => true,
+            Err(why) => {
+                log::debug!(
+                    "{} fabric {} domain {}: {why}",
+                    i.provider_name(),
+                    i.fabric_name(),
+                    i.domain_name()
+                );
+                false
+            }
+        })
+        .collect();
     let Some(&first) = allowed.first() else {
         log::info!(
-            "no provider left: {total} from fi_getinfo, include {include:?}, exclude {exclude:?}"
+            "no provider left: {total} from fi_getinfo, include {include:?}, exclude {exclude:?}, \
+             NICs {nics:?}"
         );
         return Err(Error::NODATA);
     };
     // One candidate per domain (providers list several entries per NIC: one per
     // address, per protocol version, ...): the first compatible entry of each.
+    // Like the C layer, only NICs on the first entry's fabric, unless the user named
+    // the NICs.
+    let same = |i: InfoRef<'_>| {
+        if nics.any_fabric() {
+            same_provider_any_fabric(first, i)
+        } else {
+            same_provider_entry(first, i)
+        }
+    };
     let mut entries: Vec<InfoRef<'_>> = Vec::new();
     for i in allowed.iter().copied() {
-        if same_provider_entry(first, i)
-            && !entries.iter().any(|e| e.domain_name() == i.domain_name())
-        {
+        if same(i) && !entries.iter().any(|e| e.domain_name() == i.domain_name()) {
             entries.push(i);
         }
     }
@@ -313,6 +410,25 @@ pub fn select_provider(
     local_rank: u32,
     locality: Option<Locality<'_>>,
 ) -> Result<Selection> {
+    select_provider_with(
+        hints,
+        include,
+        exclude,
+        local_rank,
+        locality,
+        &NicPolicy::default(),
+    )
+}
+
+/// [`select_provider`] with a [`NicPolicy`].
+pub fn select_provider_with(
+    hints: &Hints,
+    include: Option<&[String]>,
+    exclude: Option<&[String]>,
+    local_rank: u32,
+    locality: Option<Locality<'_>>,
+    nics: &NicPolicy,
+) -> Result<Selection> {
     let list = InfoList::query(hints)?;
     let want = hints.info();
     let (fabric, domain) = (want.fabric_name(), want.domain_name());
@@ -332,7 +448,7 @@ pub fn select_provider(
             keep
         })
         .collect();
-    select_from_entries(entries, include, exclude, local_rank, locality)
+    select_from_entries(entries, include, exclude, local_rank, locality, nics)
 }
 
 #[cfg(test)]
@@ -428,6 +544,39 @@ mod tests {
                 }),
             })
             .collect()
+    }
+
+    #[test]
+    fn nic_policy_include_exclude_and_loopback() {
+        let any = NicPolicy::default();
+        assert!(any.allows("lo", "127.0.0.1/32").is_ok());
+        let remote = NicPolicy {
+            spans_hosts: true,
+            ..Default::default()
+        };
+        assert!(remote.allows("lo", "127.0.0.1/32").is_err());
+        assert!(remote.allows("lo", "::1/128").is_err());
+        assert!(remote.allows("eth0", "10.0.0.0/24").is_ok());
+        let inc = NicPolicy {
+            include: Some(l("eth0,192.168.2.0/24")),
+            exclude: Some(l("eth0")),
+            spans_hosts: false,
+        };
+        assert!(inc.allows("eth0", "10.0.0.0/24").is_ok());
+        assert!(inc.allows("eth1", "192.168.2.0/24").is_ok());
+        assert_eq!(inc.allows("eth2", "10.0.0.0/24"), Err("not in nic_include"));
+        // exact names: eth1 is not eth10
+        assert!(inc.allows("eth00", "10.0.0.0/24").is_err());
+        assert!(inc.any_fabric());
+        let exc = NicPolicy {
+            exclude: Some(l("eth1")),
+            ..Default::default()
+        };
+        assert_eq!(exc.allows("eth1", "x"), Err("in nic_exclude"));
+        assert!(exc.allows("eth0", "x").is_ok());
+        assert!(!exc.any_fabric());
+        assert!(is_loopback_fabric("127.0.0.0/8"));
+        assert!(!is_loopback_fabric("10.127.0.0/16"));
     }
 
     #[test]

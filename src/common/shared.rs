@@ -20,6 +20,8 @@ pub struct DomainRequest {
     pub hints: Hints,
     /// If nothing matches `hints`, try again with this threading level.
     pub threading_fallback: Option<fi::fi_threading>,
+    /// Some peers of the job are on other hosts (no loopback NIC then).
+    pub spans_hosts: bool,
 }
 
 /// Why a component declines, in words for the user.
@@ -97,18 +99,24 @@ fn list_param(p: &crate::ompi::params::Registered, i: usize) -> Option<Vec<Strin
 /// Select a provider for `req`, set up the memory monitor, and open (or share) the
 /// domain. On failure the component declines with the returned message.
 pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
-    let (include, mut exclude, exclude_set, monitor_choice, checked) = super::with_params(|p| {
-        (
-            list_param(p, idx::PROVIDER_INCLUDE),
-            list_param(p, idx::PROVIDER_EXCLUDE),
-            p.is_set(idx::PROVIDER_EXCLUDE),
-            p.enum_name(idx::MEMORY_MONITOR)
-                .unwrap_or("auto")
-                .to_string(),
-            p.check(),
-        )
-    })
-    .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
+    let (include, mut exclude, exclude_set, monitor_choice, checked, mut nics) =
+        super::with_params(|p| {
+            (
+                list_param(p, idx::PROVIDER_INCLUDE),
+                list_param(p, idx::PROVIDER_EXCLUDE),
+                p.is_set(idx::PROVIDER_EXCLUDE),
+                p.enum_name(idx::MEMORY_MONITOR)
+                    .unwrap_or("auto")
+                    .to_string(),
+                p.check(),
+                select::NicPolicy {
+                    include: list_param(p, idx::NIC_INCLUDE),
+                    exclude: list_param(p, idx::NIC_EXCLUDE),
+                    spans_hosts: false,
+                },
+            )
+        })
+        .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
     checked.map_err(Decline)?;
     if include.is_some() && exclude.is_some() {
         if exclude_set {
@@ -116,12 +124,20 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
         }
         exclude = None;
     }
+    if nics.include.is_some() && nics.exclude.is_some() {
+        log::warn!(
+            "both opal_common_ofi_nic_include and opal_common_ofi_nic_exclude are set: using the \
+             include list and ignoring the exclude list"
+        );
+        nics.exclude = None;
+    }
+    nics.spans_hosts = req.spans_hosts;
 
     // Before the first fi_getinfo: libfabric reads its own monitor choice when it
     // initialises, and the export into it must precede the first fi_domain.
     super::monitor_prepare(&monitor_choice)?;
 
-    let opened = open_prepared(req, include, exclude);
+    let opened = open_prepared(req, include, exclude, nics);
     // A decline after the monitor was set up (no provider, say) must not leave the
     // export behind: Open MPI unloads a component that declines, and libfabric and
     // Open MPI's hooks would keep pointers into the unloaded library (seen: a
@@ -136,16 +152,18 @@ fn open_prepared(
     req: DomainRequest,
     include: Option<Vec<String>>,
     exclude: Option<Vec<String>>,
+    nics: select::NicPolicy,
 ) -> Result<DomainHandle, Decline> {
     // SAFETY: opal_process_info is initialised by opal_init before components run.
     let local_rank = unsafe { ompi_sys::opal_process_info.my_local_rank }.max(0) as u32;
     let locality = super::locality::pci_distance;
-    let mut selection = select::select_provider(
+    let mut selection = select::select_provider_with(
         &req.hints,
         include.as_deref(),
         exclude.as_deref(),
         local_rank,
         Some(&locality),
+        &nics,
     );
     if matches!(selection, Err(Error::NODATA)) {
         if let Some(t) = req.threading_fallback {
@@ -154,19 +172,20 @@ fn open_prepared(
                 .try_clone()
                 .map_err(|e| Decline(format!("cannot copy fi_info hints: {e}")))?
                 .threading(t);
-            selection = select::select_provider(
+            selection = select::select_provider_with(
                 &hints,
                 include.as_deref(),
                 exclude.as_deref(),
                 local_rank,
                 Some(&locality),
+                &nics,
             );
         }
     }
     let sel: Selection = selection.map_err(|e| {
         Decline(match e {
             Error::NODATA => format!(
-                "no OFI provider offers what the {} needs{}{}",
+                "no OFI provider offers what the {} needs{}{}{}",
                 req.component,
                 include
                     .as_ref()
@@ -176,6 +195,7 @@ fn open_prepared(
                     .as_ref()
                     .map(|x| format!(", after opal_common_ofi_provider_exclude={}", x.join(",")))
                     .unwrap_or_default(),
+                nic_note(&nics),
             ),
             e => format!("fi_getinfo failed: {e}"),
         })
@@ -220,4 +240,18 @@ fn open_prepared(
         shared: std::mem::ManuallyDrop::new(shared),
         info: sel.info,
     })
+}
+
+/// The NIC restrictions, for a decline message.
+fn nic_note(nics: &select::NicPolicy) -> String {
+    let mut s = String::new();
+    if let Some(i) = &nics.include {
+        s += &format!(", on NICs opal_common_ofi_nic_include={}", i.join(","));
+    } else if let Some(x) = &nics.exclude {
+        s += &format!(", without NICs opal_common_ofi_nic_exclude={}", x.join(","));
+    }
+    if nics.spans_hosts {
+        s += " (the job spans hosts: no loopback NIC, and no provider limited to one host)";
+    }
+    s
 }

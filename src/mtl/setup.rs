@@ -160,6 +160,7 @@ pub fn init_module(
         component: "mtl",
         hints,
         threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+        spans_hosts: !all_local,
     })
     .map_err(|e| e.to_string())?;
     // Now that the provider is chosen (in libfabric's order, as the C component
@@ -190,6 +191,7 @@ pub fn init_module(
             component: "mtl",
             hints: h,
             threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+            spans_hosts: !all_local,
         })
         .map_err(|e| e.to_string())
     };
