@@ -187,8 +187,10 @@ static void exchange(int mode, size_t size, int sidx, int d, int rep)
         break;
     case M_BSEND:
     case M_IBSEND: {
-        /* Room for a few messages: a previous buffered send may not be released yet. */
-        int need = 4 * ((int)size + MPI_BSEND_OVERHEAD);
+        /* Room for a message per rank and a few more: the standard lets an earlier
+         * buffered send hold its space until its transmission completes, which the
+         * sender learns only when it next progresses (at 8 ranks several are pending). */
+        int need = (t_size + 4) * ((int)size + MPI_BSEND_OVERHEAD);
         if (bsend_len < need) {
             void *old;
             int oldlen;
