@@ -74,6 +74,8 @@ pub struct State {
     pub mr_local: bool,
     /// Atomics are emulated with active messages (`amo.rs`).
     pub amo: bool,
+    /// Writes ask for delivery completion explicitly (the provider accepted it).
+    pub delivery: bool,
     pub mr_endpoint: bool,
     pub virt_addr: bool,
     pub prov_key: bool,
@@ -630,6 +632,7 @@ pub fn init(
             one_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA != 0,
             mr_local,
             amo,
+            delivery,
             mr_endpoint: mr_mode & fi::FI_MR_ENDPOINT != 0,
             virt_addr: mr_mode & fi::FI_MR_VIRT_ADDR != 0,
             prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,

@@ -374,8 +374,24 @@ pub(crate) extern "C" fn btl_put(
             // SAFETY: the local buffer and the remote region stay valid until the
             // completion (the BTL contract); op lives until then.
             st.fi(|| unsafe {
-                st.ep
-                    .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
+                if st.delivery {
+                    // A put completes when its data is at the target: osc rdma
+                    // releases the target's lock right after, possibly with a CPU
+                    // atomic on shared memory that nothing orders after the write.
+                    st.ep.write_flags(
+                        local_address,
+                        size,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        ctx_of(op),
+                        fi::FI_DELIVERY_COMPLETE as u64,
+                    )
+                } else {
+                    st.ep
+                        .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
+                }
             })
         })
     })

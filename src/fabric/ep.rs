@@ -480,6 +480,46 @@ impl Endpoint {
         posted(unsafe { fi::fi_write(self.fid.as_ptr(), buf, len, desc, dest, addr, key, context) })
     }
 
+    /// `fi_writemsg` of one buffer with explicit `flags` (`FI_COMPLETION` is added):
+    /// for `FI_DELIVERY_COMPLETE` on a write, which a provider may not apply from the
+    /// endpoint's default op flags.
+    ///
+    /// # Safety
+    /// As [`Endpoint::write`].
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_flags(
+        &self,
+        buf: *const c_void,
+        len: usize,
+        desc: *mut c_void,
+        dest: fi_addr_t,
+        addr: u64,
+        key: u64,
+        context: *mut c_void,
+        flags: u64,
+    ) -> Result<()> {
+        let iov = fi::iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: len,
+        };
+        let mut d = desc;
+        let rma = fi::fi_rma_iov { addr, len, key };
+        let msg = fi::fi_msg_rma {
+            msg_iov: &iov,
+            desc: &mut d,
+            iov_count: 1,
+            addr: dest,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context,
+            data: 0,
+        };
+        // SAFETY: the endpoint is open; msg and what it points to live during the call
+        // (the provider copies them); the buffers are the caller's contract.
+        posted(unsafe { fi::fi_writemsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64) })
+    }
+
     /// `fi_writedata`: [`Endpoint::write`] with remote CQ data.
     ///
     /// # Safety
