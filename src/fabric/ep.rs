@@ -517,7 +517,9 @@ impl Endpoint {
         };
         // SAFETY: the endpoint is open; msg and what it points to live during the call
         // (the provider copies them); the buffers are the caller's contract.
-        posted(unsafe { fi::fi_writemsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64) })
+        posted(unsafe {
+            fi::fi_writemsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64)
+        })
     }
 
     /// `fi_writedata`: [`Endpoint::write`] with remote CQ data.
