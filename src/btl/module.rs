@@ -577,7 +577,10 @@ pub fn init(
     } else {
         sup.btl_put_limit.min(max_msg)
     };
-    let mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
+    // Forcing it exercises, on any provider, the path that providers needing local
+    // descriptors (efa with FI_MR_LOCAL, verbs) take: passing a descriptor the
+    // provider does not need is allowed.
+    let mr_local = mr_mode & fi::FI_MR_LOCAL != 0 || param(idx::FORCE_MR_LOCAL) != 0;
     let threshold = if mr_local { 0 } else { usize::MAX };
     sup.btl_get_local_registration_threshold = threshold;
     sup.btl_put_local_registration_threshold = threshold;
@@ -683,7 +686,7 @@ pub fn init(
     // SAFETY: mp is live.
     let m = unsafe { &(*mp).sup };
     log::info!(
-        "provider {provider}: {}{}, mr_mode {:#x}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
+        "provider {provider}: {}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
         match (two_sided, one_sided) {
             (true, true) => "active messages and RDMA",
             (true, false) => "active messages only",
@@ -691,6 +694,11 @@ pub fn init(
         },
         if delivery { " (delivery-complete)" } else { "" },
         mr_mode,
+        if mr_local {
+            " (local descriptors: FI_MR_LOCAL)"
+        } else {
+            ""
+        },
         m.btl_eager_limit,
         m.btl_max_send_size,
         m.btl_atomic_flags,
