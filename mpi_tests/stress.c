@@ -18,7 +18,8 @@
  *   - with --rma, the main thread also runs one-sided rounds on its own communicator:
  *     MPI_Win_create over a recycled mapping (munmap + mmap at the same address each
  *     round), MPI_Get of the right neighbour's whole window into a recycled local
- *     mapping, MPI_Put of a half window into it, fences; both directions are checked.
+ *     mapping, four one-page MPI_Gets into separate fresh mappings (the small-get
+ *     path), MPI_Put of a half window into it, fences; all of it is checked.
  *     This is RDMA from and into recycled buffers through the BTL's registration cache.
  * Each loop decides to stop with an MPI_Allreduce of "--seconds elapsed" on its own
  * communicator, so all ranks stop at the same iteration and the job ends by itself.
@@ -27,7 +28,8 @@
  * BTL's MPI_T variable btl_ofi_rcache_stats exists, its counters.
  * Options: --seconds S (default 20, 6 with --quick), --threads T, --mem-threads M,
  * --rma, --big, --expect-evictions (FAIL unless the registration cache evicted at least
- * once on some rank), --require-brk-shrink (FAIL unless brk went down at least once).
+ * once on some rank), --expect-uncached (FAIL unless some registration bypassed the
+ * cache because it did not fit its bounds), --require-brk-shrink (FAIL unless brk went down at least once).
  */
 #include "common.h"
 #include <malloc.h>
@@ -312,6 +314,25 @@ static void rma_rounds(MPI_Comm c, double t0, int *rounds)
         T_CHECK_MPI(MPI_Get(db.p, (int)n, MPI_BYTE, right, 0, (int)n, MPI_BYTE, win));
         T_CHECK_MPI(MPI_Win_fence(0, win));
         t_check(db.p, n, t_seed((uint64_t)right, (uint64_t)r, 2, 9), what);
+        /* small gets into separate fresh one-page mappings */
+        {
+            enum { NSMALL = 4 };
+            uint8_t *sm[NSMALL];
+            size_t m = n < pagesz ? n : pagesz;
+            for (int k = 0; k < NSMALL; k++) {
+                sm[k] = xmap(NULL, pagesz);
+                memset(sm[k], 0xee, m);
+                T_CHECK_MPI(MPI_Get(sm[k], (int)m, MPI_BYTE, right, (MPI_Aint)(n - m), (int)m, MPI_BYTE, win));
+            }
+            T_CHECK_MPI(MPI_Win_fence(0, win));
+            for (int k = 0; k < NSMALL; k++) {
+                uint8_t *exp = t_malloc(n);
+                t_fill(exp, n, t_seed((uint64_t)right, (uint64_t)r, 2, 9));
+                t_check_mem(sm[k], exp + (n - m), m, what);
+                free(exp);
+                munmap(sm[k], pagesz);
+            }
+        }
         /* now put our own half window into the right neighbour's first half */
         t_fill(db.p, n / 2, t_seed(t_rank, (uint64_t)r, 3, 9));
         T_CHECK_MPI(MPI_Put(db.p, (int)(n / 2), MPI_BYTE, right, 0, (int)(n / 2), MPI_BYTE, win));
@@ -328,7 +349,7 @@ static void rma_rounds(MPI_Comm c, double t0, int *rounds)
     }
 }
 
-static int read_rcache(long *evictions, char *buf, size_t len)
+static int read_rcache(long *evictions, long *uncached, char *buf, size_t len)
 {
     int idx, cnt;
     MPI_T_cvar_handle h;
@@ -342,8 +363,10 @@ static int read_rcache(long *evictions, char *buf, size_t len)
     MPI_T_cvar_handle_free(&h);
     snprintf(buf, len, "%s", tmp);
     const char *e = strstr(tmp, "evictions ");
+    const char *u = strstr(tmp, "uncached ");
     *evictions = e ? atol(e + 10) : -1;
-    return e ? 0 : -1;
+    *uncached = u ? atol(u + 9) : -1;
+    return e && u ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -410,15 +433,18 @@ int main(int argc, char **argv)
 
     int tprov;
     T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &tprov));
-    long ev = -1, maxev = -1;
+    long ev[2] = { -1, -1 }, maxev[2] = { -1, -1 };
     char rc[1024];
-    int have = read_rcache(&ev, rc, sizeof(rc)) == 0;
+    int have = read_rcache(&ev[0], &ev[1], rc, sizeof(rc)) == 0;
     if (have)
         printf("INFO prog=stress rank=%d rcache: %s\n", t_rank, rc);
-    T_CHECK_MPI(MPI_Allreduce(&ev, &maxev, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD));
-    if (t_opt_flag("expect-evictions") && maxev <= 0)
-        t_fail("--expect-evictions: the registration cache evicted nothing (btl_ofi_rcache_stats %s)",
-               have ? rc : "not found: is our BTL loaded?");
+    T_CHECK_MPI(MPI_Allreduce(ev, maxev, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD));
+    if (t_opt_flag("expect-evictions") && maxev[0] <= 0)
+        t_fail("--expect-evictions: the registration cache evicted nothing on any rank (here: %s)",
+               have ? rc : "btl_ofi_rcache_stats not found: is our BTL loaded?");
+    if (t_opt_flag("expect-uncached") && maxev[1] <= 0)
+        t_fail("--expect-uncached: no registration bypassed the cache on any rank (here: %s)",
+               have ? rc : "btl_ofi_rcache_stats not found: is our BTL loaded?");
     for (int t = 0; t < nthreads; t++)
         T_CHECK_MPI(MPI_Comm_free(&comms[t]));
     T_CHECK_MPI(MPI_Comm_free(&rcomm));
