@@ -462,6 +462,7 @@ pub fn init(
         0
     };
     let inject_size = info.inject_size();
+    let rx_depth = info.rx_size();
     let max_msg = info.max_msg_size();
     let caps = info.caps();
 
@@ -606,10 +607,21 @@ pub fn init(
             domain: Some(domain),
         },
     });
+    // The provider refuses receives beyond its receive queue depth and nothing can free a
+    // slot during init (no peer sends yet), so posting more would spin forever in
+    // MPI_Init (seen with FI_OFI_RXM_RX_SIZE=4): post at most that many.
+    let mut n_recv = rd_num as usize;
+    if rx_depth > 0 && n_recv > rx_depth {
+        log::info!(
+            "btl_ofi_rd_num={rd_num} is deeper than the receive queue of {provider} \
+             ({rx_depth}): posting {rx_depth} receive buffers"
+        );
+        n_recv = rx_depth;
+    }
     let mp = Box::into_raw(module);
     if two_sided {
         // SAFETY: mp is our fresh module.
-        if let Err(err) = unsafe { am::post_receives(mp, rd_num as usize) } {
+        if let Err(err) = unsafe { am::post_receives(mp, n_recv) } {
             // SAFETY: nothing else knows mp yet.
             unsafe { destroy(mp) };
             return Err(format!("posting receive buffers on {provider}: {err}"));
