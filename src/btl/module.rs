@@ -83,7 +83,10 @@ pub struct State {
     pub frags: Mutex<Vec<*mut Frag>>,
     /// Sends that met -FI_EAGAIN (or queued behind one), posted again by progress.
     pub pending: Mutex<VecDeque<*mut Frag>>,
+    /// Mirrors `!pending.is_empty()`; only written with `pending` locked.
     pub has_pending: AtomicBool,
+    /// Held by the one thread that posts queued sends (see `am::drain_pending`).
+    pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
     pub peers: Mutex<Vec<*mut PeerEp>>,
     /// RDMA and atomic operations posted and not completed (flush waits for 0).
@@ -592,6 +595,7 @@ pub fn init(
             frags: Mutex::new(Vec::new()),
             pending: Mutex::new(VecDeque::new()),
             has_pending: AtomicBool::new(false),
+            draining: Mutex::new(()),
             recv_bufs: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
             rdma_outstanding: AtomicUsize::new(0),
