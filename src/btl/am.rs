@@ -175,6 +175,11 @@ pub(super) fn get_frag(st: &State) -> Option<*mut Frag> {
     if buf.is_null() {
         return None;
     }
+    // Only byte 0 of the header (the tag) is written per send; the rest is alignment
+    // padding that goes on the wire, so it must not carry old heap contents to the peer
+    // (valgrind: "sendmsg points to uninitialised bytes").
+    // SAFETY: buf holds at least HDR bytes.
+    unsafe { ptr::write_bytes(buf, 0, HDR) };
     let mr = if st.mr_local {
         // SAFETY: buf lives as long as the fragment (freed after the region).
         match unsafe { st.register(buf as *const c_void, HDR + cap) } {
@@ -481,13 +486,31 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
 }
 
 /// Post queued sends in order until the provider pushes back again.
+///
+/// One thread drains at a time: the front fragment is posted before it is popped, so
+/// two drainers (progress and a sender on other threads under MPI_THREAD_MULTIPLE) would
+/// both post it: a duplicated fragment, seen by ob1 as a message longer than the one
+/// sent, or a double completion and a stall (scripts/test-hostile, tiny queues). A
+/// thread that finds another one draining leaves the queue to it.
 pub(crate) fn drain_pending(mp: *mut Module) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
+    let _drainer = match st.draining.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
     loop {
-        let Some(f) = lock(&st.pending).front().copied() else {
-            st.has_pending.store(false, Ordering::Relaxed);
-            return;
+        let f = {
+            let q = lock(&st.pending);
+            match q.front() {
+                Some(&f) => f,
+                None => {
+                    // Under the lock, so that a concurrent enqueue cannot be hidden.
+                    st.has_pending.store(false, Ordering::Relaxed);
+                    return;
+                }
+            }
         };
         // SAFETY: queued fragments are primed and ours.
         match unsafe { post(st, f) } {
@@ -510,7 +533,8 @@ pub(crate) fn drain_pending(mp: *mut Module) {
 }
 
 fn enqueue(st: &State, f: *mut Frag) {
-    lock(&st.pending).push_back(f);
+    let mut q = lock(&st.pending);
+    q.push_back(f);
     st.has_pending.store(true, Ordering::Relaxed);
 }
 

@@ -88,7 +88,10 @@ pub struct State {
     pub frags: Mutex<Vec<*mut Frag>>,
     /// Sends that met -FI_EAGAIN (or queued behind one), posted again by progress.
     pub pending: Mutex<VecDeque<*mut Frag>>,
+    /// Mirrors `!pending.is_empty()`; only written with `pending` locked.
     pub has_pending: AtomicBool,
+    /// Held by the one thread that posts queued sends (see `am::drain_pending`).
+    pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
     pub peers: Mutex<Vec<*mut PeerEp>>,
     /// RDMA and atomic operations posted and not completed (flush waits for 0).
@@ -647,6 +650,7 @@ pub fn init(
             frags: Mutex::new(Vec::new()),
             pending: Mutex::new(VecDeque::new()),
             has_pending: AtomicBool::new(false),
+            draining: Mutex::new(()),
             recv_bufs: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
             rdma_outstanding: AtomicUsize::new(0),
@@ -663,10 +667,21 @@ pub fn init(
             domain: Some(domain),
         },
     });
+    // The provider refuses receives beyond its receive queue depth and nothing can free a
+    // slot during init (no peer sends yet), so posting more would spin forever in
+    // MPI_Init (seen with FI_OFI_RXM_RX_SIZE=4): post at most that many.
+    let mut n_recv = rd_num as usize;
+    if rx_depth > 0 && n_recv > rx_depth {
+        log::info!(
+            "btl_ofi_rd_num={rd_num} is deeper than the receive queue of {provider} \
+             ({rx_depth}): posting {rx_depth} receive buffers"
+        );
+        n_recv = rx_depth;
+    }
     let mp = Box::into_raw(module);
     if two_sided {
         // SAFETY: mp is our fresh module.
-        if let Err(err) = unsafe { am::post_receives(mp, rd_num as usize) } {
+        if let Err(err) = unsafe { am::post_receives(mp, n_recv) } {
             // SAFETY: nothing else knows mp yet.
             unsafe { destroy(mp) };
             return Err(format!("posting receive buffers on {provider}: {err}"));

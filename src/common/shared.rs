@@ -84,6 +84,9 @@ impl Drop for DomainHandle {
         unsafe { std::mem::ManuallyDrop::drop(&mut self.shared) };
         reg.domains.retain(|w| w.strong_count() > 0);
         if reg.handles == 0 {
+            // Free the list itself too: Open MPI may dlclose us next, and a static's
+            // heap buffer would outlive the library (valgrind: definitely lost).
+            reg.domains = Vec::new();
             drop(reg);
             super::monitor_teardown();
         }
