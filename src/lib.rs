@@ -10,6 +10,8 @@
 //! [`btl`] are the two data paths, [`ompi`] is the boundary with Open MPI (component
 //! structs, MCA parameters, output, modex).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod btl;
 pub mod common;
 pub mod fabric;

@@ -499,7 +499,8 @@ pub fn init(
     };
     let inject_size = info.inject_size();
     // More receive buffers than the provider's receive queue holds can never all be
-    // posted (posting would wait forever for a slot): use the queue depth.
+    // posted, and nothing frees a slot during init (no peer sends yet): posting would
+    // spin forever in MPI_Init (seen with FI_OFI_RXM_RX_SIZE=4). Use the queue depth.
     let rx_depth = info.rx_size();
     let rd_num = if rx_depth > 0 && rd_num as usize > rx_depth {
         log::warn!(
@@ -667,21 +668,10 @@ pub fn init(
             domain: Some(domain),
         },
     });
-    // The provider refuses receives beyond its receive queue depth and nothing can free a
-    // slot during init (no peer sends yet), so posting more would spin forever in
-    // MPI_Init (seen with FI_OFI_RXM_RX_SIZE=4): post at most that many.
-    let mut n_recv = rd_num as usize;
-    if rx_depth > 0 && n_recv > rx_depth {
-        log::info!(
-            "btl_ofi_rd_num={rd_num} is deeper than the receive queue of {provider} \
-             ({rx_depth}): posting {rx_depth} receive buffers"
-        );
-        n_recv = rx_depth;
-    }
     let mp = Box::into_raw(module);
     if two_sided {
         // SAFETY: mp is our fresh module.
-        if let Err(err) = unsafe { am::post_receives(mp, n_recv) } {
+        if let Err(err) = unsafe { am::post_receives(mp, rd_num as usize) } {
             // SAFETY: nothing else knows mp yet.
             unsafe { destroy(mp) };
             return Err(format!("posting receive buffers on {provider}: {err}"));

@@ -488,6 +488,8 @@ pub(crate) extern "C" fn btl_atomic_op(
             // are the 32-bit value) until the completion.
             let buf = unsafe { &raw const (*o).operand } as *const c_void;
             st.fi(|| {
+                // SAFETY: the operand lives in the op until the completion; the endpoint
+                // is open and calls are serialised by fi.
                 posted(unsafe {
                     fi::fi_atomic(
                         st.ep.as_ptr(),

@@ -137,8 +137,8 @@ impl Hints {
 
     /// Read the hints back with the same accessors as a result.
     pub fn info(&self) -> InfoRef<'_> {
-        // SAFETY: ptr is a valid fi_info owned by self; the borrow ties the view to self.
         InfoRef {
+            // SAFETY: ptr is a valid fi_info owned by self; the borrow ties the view to self.
             info: unsafe { self.ptr.as_ref() },
         }
     }
@@ -785,8 +785,8 @@ unsafe impl Sync for OwnedInfo {}
 impl OwnedInfo {
     /// The typed view.
     pub fn info(&self) -> InfoRef<'_> {
-        // SAFETY: ptr is valid for as long as self (invariant).
         InfoRef {
+            // SAFETY: ptr is valid for as long as self (invariant).
             info: unsafe { self.ptr.as_ref() },
         }
     }
