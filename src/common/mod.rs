@@ -48,6 +48,7 @@ pub fn close_output() {
     }
 }
 
+pub mod endpoint;
 pub mod locality;
 pub mod monitor;
 pub mod patch_check;

@@ -345,6 +345,29 @@ impl Hints {
         self.set_string(StrField::Domain, name)
     }
 
+    /// `src_addr` as a NUL-terminated string (the address format of `FI_ADDR_STR`
+    /// providers such as shm, whose endpoint name derives from it).
+    pub fn src_addr_str(mut self, addr: &str) -> Self {
+        let Ok(c) = CString::new(addr) else {
+            self.deferred.get_or_insert(Error::INVAL);
+            return self;
+        };
+        // SAFETY: c is a valid NUL-terminated string; strdup copies it with malloc,
+        // the allocator fi_freeinfo frees with.
+        let dup = unsafe { libc::strdup(c.as_ptr()) };
+        if dup.is_null() {
+            self.deferred.get_or_insert(Error::NOMEM);
+            return self;
+        }
+        let raw = self.raw();
+        // SAFETY: the old src_addr is NULL or was malloc'ed (fi_dupinfo or a previous
+        // call); it is replaced here, so it is freed exactly once.
+        unsafe { libc::free(raw.src_addr) };
+        raw.src_addr = dup.cast();
+        raw.src_addrlen = c.as_bytes_with_nul().len();
+        self
+    }
+
     /// A copy (`fi_dupinfo`).
     pub fn try_clone(&self) -> Result<Hints> {
         let mut h = Hints::from_info(self.info())?;

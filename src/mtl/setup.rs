@@ -266,11 +266,7 @@ pub fn init_module(
         },
     )
     .map_err(|x| e("fi_av_open", x))?;
-    let ep = Endpoint::open(&dom, Some(domain.info())).map_err(|x| e("fi_endpoint", x))?;
-    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
-        .map_err(|x| e("fi_ep_bind(cq)", x))?;
-    ep.bind_av(&av).map_err(|x| e("fi_ep_bind(av)", x))?;
-    ep.enable().map_err(|x| e("fi_enable", x))?;
+    let ep = crate::common::endpoint::open_enabled(&dom, domain.info(), &cq, &av)?;
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
     modex::send(super::component::component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
