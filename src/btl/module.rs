@@ -3,8 +3,11 @@
 //! endpoint, the pre-posted receive buffers, the atomics advertised from
 //! `fi_query_atomic`, add/del of procs, progress and flush.
 //!
-//! What it owns: the one [`Module`] of the process (one per selected domain; the common
-//! layer selects one NIC) and its libfabric objects. The data paths live in `am.rs`
+//! What it owns: the [`Module`]s of the process and their libfabric objects: one that
+//! reaches every peer (the provider and NIC the common layer selects) and, in a job
+//! that spans hosts, one over shm for the peers on this host when the provider lists
+//! allow shm. Each module publishes its endpoint name as one record of the process's
+//! modex blob. The data paths live in `am.rs`
 //! (active messages) and `rdma.rs` (RDMA and atomics); the registration cache in
 //! `rcache.rs`.
 //!
@@ -69,6 +72,8 @@ pub struct State {
     pub av: Arc<AddressVector>,
     pub fi_lock: FiLock,
     pub provider: String,
+    /// Which peers the module serves (and which modex record it reads).
+    pub role: Role,
     pub two_sided: bool,
     pub one_sided: bool,
     pub mr_local: bool,
@@ -166,9 +171,59 @@ impl State {
     }
 }
 
-/// The running module (null before init and after finalize).
-pub static MODULE: AtomicPtr<Module> = AtomicPtr::new(ptr::null_mut());
-static MODULE_ARRAY: AtomicPtr<*mut sys::mca_btl_base_module_t> = AtomicPtr::new(ptr::null_mut());
+/// The most modules one process runs: one for every peer, one for on-host peers.
+const MAX_MODULES: usize = 2;
+
+/// The running modules (null before init and after finalize); the first reaches
+/// every peer.
+static MODULES: [AtomicPtr<Module>; MAX_MODULES] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_MODULES];
+
+/// Which peers a module serves.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    /// Every peer that publishes an address (the provider the selection chose).
+    AllPeers,
+    /// Only peers on this host, over shm, in a job that spans hosts.
+    OnHost,
+}
+
+impl Role {
+    fn record(self) -> u8 {
+        match self {
+            Role::AllPeers => 0,
+            Role::OnHost => 1,
+        }
+    }
+}
+
+/// The modex blob: for each module, its role's record number (1 byte), the length of
+/// its endpoint name (2 bytes, little-endian) and the name.
+fn modex_encode<'a>(modules: impl Iterator<Item = (Role, &'a [u8])>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (role, name) in modules {
+        out.push(role.record());
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+    }
+    out
+}
+
+/// The endpoint name a peer published for `role`; None when it has none or the blob
+/// is malformed (a peer's data is checked, never trusted).
+fn modex_decode(blob: &[u8], role: Role) -> Option<&[u8]> {
+    let mut rest = blob;
+    while !rest.is_empty() {
+        let (&rec, tail) = rest.split_first()?;
+        let len = u16::from_le_bytes(tail.get(..2)?.try_into().ok()?) as usize;
+        let name = tail.get(2..2 + len)?;
+        if rec == role.record() {
+            return (!name.is_empty()).then_some(name);
+        }
+        rest = &tail[2 + len..];
+    }
+    None
+}
 
 /// The template whose generic fields `mca_btl_base_param_register` binds to the
 /// `btl_ofi_*` variables. On the C heap and never freed: Open MPI keeps pointers to
@@ -365,8 +420,98 @@ pub fn init(
         )
     };
     let all_local = world > 0 && local_peers as u64 + 1 >= world as u64;
+    let cfg = Config {
+        one_sided,
+        two_sided,
+        num_cq_read: num_cq_read as usize,
+        rd_num,
+        progress,
+        mpi_threads,
+        all_local,
+        world,
+    };
+    let primary = open_module(&cfg, Role::AllPeers)?;
+    let mut modules = vec![primary];
+    // A job across hosts: on-host peers over shm when the provider lists allow it.
+    // The primary module still reaches every peer, so that osc rdma (which needs one
+    // BTL reaching all of a window's peers) keeps working; shm wins ob1's sends to
+    // on-host peers by exclusivity.
+    // SAFETY: modules[0] is our fresh module.
+    let primary_provider = unsafe { (*modules[0].0).st.provider.clone() };
+    if !all_local && two_sided && !is_shm(&primary_provider) && local_peers > 0 {
+        match open_module(&cfg, Role::OnHost) {
+            Ok(m) => {
+                log::info!(
+                    "peers on this host over shm, peers on other hosts over {primary_provider}"
+                );
+                modules.push(m);
+            }
+            Err(e) => {
+                log::info!("peers on this host over {primary_provider} too (no shm module: {e})")
+            }
+        }
+    }
+    let blob = modex_encode(modules.iter().map(|(mp, name)| {
+        // SAFETY: every module in the list is ours and live.
+        (unsafe { (*(*mp)).st.role }, name.as_slice())
+    }));
+    let publish = modex::send(component(), &blob)
+        .map_err(|rc| format!("publishing the endpoint names through the modex failed ({rc})"));
+    // SAFETY: Open MPI frees the module array with free().
+    let arr = unsafe {
+        libc::malloc(MAX_MODULES * std::mem::size_of::<*mut sys::mca_btl_base_module_t>())
+    } as *mut *mut sys::mca_btl_base_module_t;
+    if publish.is_err() || arr.is_null() {
+        for (mp, _) in modules {
+            // SAFETY: nothing else knows mp yet.
+            unsafe { destroy(mp) };
+        }
+        if !arr.is_null() {
+            // SAFETY: from malloc above, not handed out.
+            unsafe { libc::free(arr.cast()) };
+        }
+        return Err(publish.err().unwrap_or_else(|| "out of memory".into()));
+    }
+    for (i, (mp, _)) in modules.iter().enumerate() {
+        MODULES[i].store(*mp, Ordering::Release);
+        // SAFETY: arr has room for MAX_MODULES pointers.
+        unsafe { *arr.add(i) = *mp as *mut sys::mca_btl_base_module_t };
+    }
+    Ok((arr, modules.len() as i32))
+}
+
+/// What every module of this process shares.
+struct Config {
+    one_sided: bool,
+    two_sided: bool,
+    num_cq_read: usize,
+    rd_num: i64,
+    progress: fi::fi_progress,
+    mpi_threads: bool,
+    all_local: bool,
+    world: u32,
+}
+
+fn is_shm(provider: &str) -> bool {
+    provider.split(';').next() == Some("shm")
+}
+
+/// Open one module: its domain, endpoint and receive buffers. Returns the module and
+/// its endpoint name (for the modex).
+fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), String> {
+    let Config {
+        one_sided,
+        two_sided,
+        num_cq_read,
+        rd_num,
+        progress,
+        mpi_threads,
+        all_local,
+        world,
+    } = *cfg;
+    let template = TEMPLATE.load(Ordering::Acquire);
     // shm lists neither locality capability: ask for none when every peer is local.
-    let locality = if all_local {
+    let locality = if all_local || role == Role::OnHost {
         0
     } else {
         fi::FI_LOCAL_COMM | fi::FI_REMOTE_COMM
@@ -391,7 +536,11 @@ pub fn init(
                 caps |= fi::FI_ATOMIC as u64;
             }
         }
-        let mut h = Hints::new()?
+        let mut h = Hints::new()?;
+        if role == Role::OnHost {
+            h = h.prov_name("shm");
+        }
+        let mut h = h
             .caps(caps)
             .mode(fi::FI_CONTEXT | fi::FI_CONTEXT2)
             .ep_type(fi::FI_EP_RDM)
@@ -424,7 +573,7 @@ pub fn init(
             component: "btl",
             hints,
             threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
-            spans_hosts: !all_local,
+            spans_hosts: !all_local && role == Role::AllPeers,
         }) {
             Ok(d) => {
                 opened = Some((d, atomics, delivery));
@@ -463,8 +612,6 @@ pub fn init(
     let ep = crate::common::endpoint::open_enabled(&dom, info, &cq, &av)?;
     let ep = Arc::new(ep);
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
-    modex::send(component(), &name)
-        .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
     let provider_atomics = if atomics {
         query_atomics(dom.as_ptr())
@@ -619,6 +766,12 @@ pub fn init(
         None
     };
 
+    if role == Role::OnHost {
+        // Ahead of the primary module for ob1's sends to on-host peers, and preferred
+        // by osc rdma for windows whose peers are all on this host.
+        sup.btl_exclusivity = sup.btl_exclusivity.saturating_add(1);
+        sup.btl_latency = (sup.btl_latency / 2).max(1);
+    }
     let frag_payload = sup.btl_max_send_size;
     let module = Box::new(Module {
         sup,
@@ -631,6 +784,7 @@ pub fn init(
                 m: Mutex::new(()),
             },
             provider: provider.clone(),
+            role,
             two_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
             one_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_RDMA != 0,
             mr_local,
@@ -642,7 +796,7 @@ pub fn init(
             mr_access: access,
             inject_size,
             frag_payload,
-            num_cq_read: num_cq_read as usize,
+            num_cq_read,
             progress_threshold: param(idx::PROGRESS_THRESHOLD).max(0) as usize,
             frags: Mutex::new(Vec::new()),
             pending: Mutex::new(VecDeque::new()),
@@ -673,21 +827,15 @@ pub fn init(
             return Err(format!("posting receive buffers on {provider}: {err}"));
         }
     }
-    MODULE.store(mp, Ordering::Release);
-    // SAFETY: Open MPI frees the module array with free().
-    let arr = unsafe { libc::malloc(std::mem::size_of::<*mut sys::mca_btl_base_module_t>()) }
-        as *mut *mut sys::mca_btl_base_module_t;
-    if arr.is_null() {
-        finalize();
-        return Err("out of memory".into());
-    }
-    // SAFETY: arr has room for one pointer.
-    unsafe { *arr = mp as *mut sys::mca_btl_base_module_t };
-    MODULE_ARRAY.store(arr, Ordering::Release);
     // SAFETY: mp is live.
     let m = unsafe { &(*mp).sup };
     log::info!(
-        "provider {provider}: {}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
+        "provider {provider}{}: {}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
+        if role == Role::OnHost {
+            " (peers on this host)"
+        } else {
+            ""
+        },
         match (two_sided, one_sided) {
             (true, true) => "active messages and RDMA",
             (true, false) => "active messages only",
@@ -712,12 +860,12 @@ pub fn init(
         },
         if all_local { ", local communication only" } else { "" },
     );
-    Ok((arr, 1))
+    Ok((mp, name))
 }
 
 /// Read and dispatch completions of the module. Returns how many were handled.
 pub(crate) fn progress_module(mp: *mut Module) -> usize {
-    // SAFETY: mp is the live module (MODULE or the argument of a module entry).
+    // SAFETY: mp is a live module (in MODULES or the argument of a module entry).
     let st = unsafe { &(*mp).st };
     if st.in_progress.swap(true, Ordering::Acquire) {
         // Re-entered from a callback: the outer call keeps draining, in order.
@@ -798,17 +946,21 @@ unsafe fn dispatch(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
     }
 }
 
-/// Component progress.
+/// Component progress: every module.
 pub fn progress() -> i32 {
-    let mp = MODULE.load(Ordering::Acquire);
-    if mp.is_null() {
-        return 0;
-    }
-    let n = progress_module(mp);
-    // SAFETY: mp is live; sweep closes invalidated registrations from a normal context.
-    let st = unsafe { &(*mp).st };
-    if let Ok(mut c) = st.rcache.try_lock() {
-        c.sweep();
+    let mut n = 0;
+    for slot in &MODULES {
+        let mp = slot.load(Ordering::Acquire);
+        if mp.is_null() {
+            continue;
+        }
+        n += progress_module(mp);
+        // SAFETY: mp is live; sweep closes invalidated registrations from a normal
+        // context.
+        let st = unsafe { &(*mp).st };
+        if let Ok(mut c) = st.rcache.try_lock() {
+            c.sweep();
+        }
     }
     n as i32
 }
@@ -834,18 +986,31 @@ extern "C" fn add_procs(
             )
         };
         let mut peers = lock(&st.peers);
+        let mut reached = 0usize;
         for (i, &p) in procs.iter().enumerate() {
             // SAFETY: each peer pointer in our list is live until del_procs.
             if let Some(&known) = peers.iter().find(|&&pe| unsafe { (*pe).proc_ } == p) {
                 eps[i] = known as *mut _;
             } else {
                 // SAFETY: p is a live opal_proc_t.
-                let name = unsafe { &(*p).proc_name };
-                let addr = match modex::recv(component(), name) {
-                    Ok(a) if !a.is_empty() => a,
-                    _ => continue, // the peer does not run this BTL: unreachable
+                let (name, flags) = unsafe { (&(*p).proc_name, (*p).proc_flags) };
+                // SAFETY: plain call; the local proc exists after opal_init.
+                let me = unsafe { sys::opal_proc_local_get() };
+                if st.role == Role::OnHost
+                    && (u32::from(flags) & sys::OPAL_PROC_ON_NODE == 0 || p == me)
+                {
+                    // Another host (or this process, which the self BTL serves): the
+                    // module for every peer has it.
+                    continue;
+                }
+                let blob = match modex::recv(component(), name) {
+                    Ok(a) => a,
+                    Err(_) => continue, // the peer does not run this BTL: unreachable
                 };
-                let fiaddr = match st.av.insert(&addr) {
+                let Some(addr) = modex_decode(&blob, st.role) else {
+                    continue; // no endpoint of this kind (or a malformed record)
+                };
+                let fiaddr = match st.av.insert(addr) {
                     Ok(a) => a,
                     Err(e) => {
                         log::warn!("fi_av_insert of a peer's address on {}: {e}", st.provider);
@@ -858,11 +1023,20 @@ extern "C" fn add_procs(
                 }));
                 peers.push(pe);
                 eps[i] = pe as *mut _;
+                reached += 1;
             }
             if !reachable.is_null() {
                 // SAFETY: reachable is a bitmap of at least nprocs bits.
                 unsafe { sys::opal_bitmap_set_bit(reachable, i as c_int) };
             }
+        }
+        if reached > 0 && st.role == Role::OnHost {
+            log::info!(
+                "add_procs: {reached} peer(s) on this host over {}",
+                st.provider
+            );
+        } else if reached > 0 {
+            log::debug!("add_procs: {reached} new peer(s) over {}", st.provider);
         }
         sys::OPAL_SUCCESS
     })
@@ -931,9 +1105,22 @@ extern "C" fn flush(
     })
 }
 
-extern "C" fn finalize_cb(_btl: *mut sys::mca_btl_base_module_t) -> c_int {
+extern "C" fn finalize_cb(btl: *mut sys::mca_btl_base_module_t) -> c_int {
     ffi_guard("btl finalize", sys::OPAL_ERROR, || {
-        finalize();
+        for slot in &MODULES {
+            if slot
+                .compare_exchange(
+                    btl as *mut Module,
+                    ptr::null_mut(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                // SAFETY: unpublished above; Open MPI no longer calls this module.
+                unsafe { destroy(btl as *mut Module) };
+            }
+        }
         sys::OPAL_SUCCESS
     })
 }
@@ -997,18 +1184,19 @@ unsafe fn destroy(mp: *mut Module) {
 /// Tear the module down (idempotent). No sleep: the endpoint close discards whatever
 /// is still in flight.
 pub fn finalize() {
-    let mp = MODULE.swap(ptr::null_mut(), Ordering::AcqRel);
-    if !mp.is_null() {
-        // SAFETY: unpublished above; Open MPI no longer calls the module.
-        unsafe { destroy(mp) };
+    for slot in &MODULES {
+        let mp = slot.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !mp.is_null() {
+            // SAFETY: unpublished above; Open MPI no longer calls the module.
+            unsafe { destroy(mp) };
+        }
     }
-    // The array itself is freed by Open MPI's btl base.
-    MODULE_ARRAY.store(ptr::null_mut(), Ordering::Release);
+    // The module array itself is freed by Open MPI's btl base.
 }
 
-/// The registration cache's counters of the running module.
+/// The registration cache's counters of the module that reaches every peer.
 pub fn rcache_stats() -> Option<rcache::Stats> {
-    let mp = MODULE.load(Ordering::Acquire);
+    let mp = MODULES[0].load(Ordering::Acquire);
     // SAFETY: mp is null or live.
     unsafe { mp.as_ref() }.map(|m| lock(&m.st.rcache).stats())
 }
@@ -1024,5 +1212,51 @@ pub unsafe fn local_desc(h: *mut sys::mca_btl_base_registration_handle_t) -> *mu
     } else {
         // SAFETY: our handles point to a Registration (its first field is the Handle).
         unsafe { (*(h as *const Registration)).desc }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{modex_decode, modex_encode, Role};
+    use proptest::prelude::*;
+
+    #[test]
+    fn both_records_round_trip() {
+        let blob = modex_encode(
+            [
+                (Role::AllPeers, &b"tcp-name"[..]),
+                (Role::OnHost, &b"shm-name"[..]),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(modex_decode(&blob, Role::AllPeers), Some(&b"tcp-name"[..]));
+        assert_eq!(modex_decode(&blob, Role::OnHost), Some(&b"shm-name"[..]));
+        let one = modex_encode([(Role::AllPeers, &b"x"[..])].into_iter());
+        assert_eq!(modex_decode(&one, Role::OnHost), None);
+    }
+
+    #[test]
+    fn malformed_blobs_are_refused() {
+        assert_eq!(modex_decode(&[], Role::AllPeers), None);
+        assert_eq!(modex_decode(&[0], Role::AllPeers), None);
+        assert_eq!(modex_decode(&[0, 5, 0, b'a'], Role::AllPeers), None);
+        assert_eq!(modex_decode(&[0, 0, 0], Role::AllPeers), None);
+        assert_eq!(modex_decode(&[7, 1, 0, b'a', 0, 1], Role::AllPeers), None);
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = modex_decode(&bytes, Role::AllPeers);
+            let _ = modex_decode(&bytes, Role::OnHost);
+        }
+
+        #[test]
+        fn names_round_trip(a in proptest::collection::vec(any::<u8>(), 1..300),
+                            b in proptest::collection::vec(any::<u8>(), 1..300)) {
+            let blob = modex_encode([(Role::AllPeers, &a[..]), (Role::OnHost, &b[..])].into_iter());
+            prop_assert_eq!(modex_decode(&blob, Role::AllPeers), Some(&a[..]));
+            prop_assert_eq!(modex_decode(&blob, Role::OnHost), Some(&b[..]));
+        }
     }
 }
