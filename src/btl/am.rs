@@ -173,16 +173,14 @@ pub(super) fn get_frag(st: &State) -> Option<*mut Frag> {
         return Some(f);
     }
     let cap = st.frag_payload;
+    // Zeroed, once per fragment: what goes on the wire must not carry old heap
+    // contents to the peer, and not everything does get written per send (the padding
+    // of ob1's headers; valgrind: "sendmsg points to uninitialised bytes").
     // SAFETY: plain allocation, checked.
-    let buf = unsafe { libc::malloc(HDR + cap) } as *mut u8;
+    let buf = unsafe { libc::calloc(1, HDR + cap) } as *mut u8;
     if buf.is_null() {
         return None;
     }
-    // Only byte 0 of the header (the tag) is written per send; the rest is alignment
-    // padding that goes on the wire, so it must not carry old heap contents to the peer
-    // (valgrind: "sendmsg points to uninitialised bytes").
-    // SAFETY: buf holds at least HDR bytes.
-    unsafe { ptr::write_bytes(buf, 0, HDR) };
     let mr = if st.mr_local {
         // SAFETY: buf lives as long as the fragment (freed after the region).
         match unsafe { st.register(buf as *const c_void, HDR + cap) } {
