@@ -612,7 +612,14 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         )
     })
     .map_err(|x| e("fi_av_open", x))?;
-    let ep = crate::common::endpoint::open_enabled(&dom, info, &cq, &av)?;
+    // Delivery completion was asked in the hints so that the provider must accept it;
+    // the endpoint itself gets no default transmit flags: puts ask for it per operation
+    // (rdma.rs), and as a default it would also apply to every active message (on shm
+    // that turns an inline send into one the receiver must acknowledge).
+    let ep_info = Hints::from_info(info)
+        .map(|h| h.tx_op_flags(0))
+        .map_err(|x| e("fi_dupinfo", x))?;
+    let ep = crate::common::endpoint::open_enabled(&dom, ep_info.info(), &cq, &av)?;
     let ep = Arc::new(ep);
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
 

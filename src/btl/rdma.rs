@@ -426,8 +426,24 @@ pub(crate) extern "C" fn btl_get(
         run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: as in put.
             st.fi(|| unsafe {
-                st.ep
-                    .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
+                if st.delivery {
+                    // Same completion semantics as puts and atomics. On shm this also
+                    // selects the single-copy path for large reads (ob1's rendezvous
+                    // gets): 1 MiB in 40 us against 94 us without it.
+                    st.ep.read_flags(
+                        local_address,
+                        size,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        ctx_of(op),
+                        fi::FI_DELIVERY_COMPLETE as u64,
+                    )
+                } else {
+                    st.ep
+                        .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
+                }
             })
         })
     })
@@ -491,18 +507,50 @@ pub(crate) extern "C" fn btl_atomic_op(
                 // SAFETY: the operand lives in the op until the completion; the endpoint
                 // is open and calls are serialised by fi.
                 posted(unsafe {
-                    fi::fi_atomic(
-                        st.ep.as_ptr(),
-                        buf,
-                        1,
-                        ptr::null_mut(),
-                        dest,
-                        raddr,
-                        key,
-                        dt,
-                        fop,
-                        ctx_of(o),
-                    )
+                    if st.delivery {
+                        // Like a put, a non-fetching atomic completes when it has been
+                        // applied at the target (osc rdma flushes and unlocks on it).
+                        let ioc = fi::fi_ioc {
+                            addr: buf as *mut c_void,
+                            count: 1,
+                        };
+                        let rma = fi::fi_rma_ioc {
+                            addr: raddr,
+                            count: 1,
+                            key,
+                        };
+                        let mut desc: *mut c_void = ptr::null_mut();
+                        let msg = fi::fi_msg_atomic {
+                            msg_iov: &ioc,
+                            desc: &mut desc,
+                            iov_count: 1,
+                            addr: dest,
+                            rma_iov: &rma,
+                            rma_iov_count: 1,
+                            datatype: dt,
+                            op: fop,
+                            context: ctx_of(o),
+                            data: 0,
+                        };
+                        fi::fi_atomicmsg(
+                            st.ep.as_ptr(),
+                            &msg,
+                            (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
+                        )
+                    } else {
+                        fi::fi_atomic(
+                            st.ep.as_ptr(),
+                            buf,
+                            1,
+                            ptr::null_mut(),
+                            dest,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx_of(o),
+                        )
+                    }
                 })
             })
         })

@@ -459,6 +459,45 @@ impl Endpoint {
         posted(unsafe { fi::fi_read(self.fid.as_ptr(), buf, len, desc, src, addr, key, context) })
     }
 
+    /// `fi_readmsg` of one buffer with explicit operation `flags` (`FI_COMPLETION` is
+    /// always added), for flags the endpoint does not have by default.
+    ///
+    /// # Safety
+    /// As [`Endpoint::read`].
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn read_flags(
+        &self,
+        buf: *mut c_void,
+        len: usize,
+        desc: *mut c_void,
+        src: fi_addr_t,
+        addr: u64,
+        key: u64,
+        context: *mut c_void,
+        flags: u64,
+    ) -> Result<()> {
+        let iov = fi::iovec {
+            iov_base: buf,
+            iov_len: len,
+        };
+        let mut d = desc;
+        let rma = fi::fi_rma_iov { addr, len, key };
+        let msg = fi::fi_msg_rma {
+            msg_iov: &iov,
+            desc: &mut d,
+            iov_count: 1,
+            addr: src,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context,
+            data: 0,
+        };
+        // SAFETY: the endpoint is open; msg and what it points to live during the call
+        // (the provider copies them); the buffers are the caller's contract.
+        posted(unsafe { fi::fi_readmsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64) })
+    }
+
     /// `fi_write`: RMA write of `buf` to remote `addr` (registration `key`).
     ///
     /// # Safety
