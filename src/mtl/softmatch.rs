@@ -511,7 +511,8 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
             return;
         }
     };
-    let addr = datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
+    // Only acknowledgements and reads need the sender's address.
+    let addr = || datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
     match what {
         Delivery::Eager(owned) => {
             let bytes = payload.unwrap_or(&owned);
@@ -521,7 +522,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), rq.buffer, n) };
             }
             if l.proto(hdr.bits) == Proto::Sync {
-                control(m, addr, ACK, hdr.token);
+                control(m, addr(), ACK, hdr.token);
             }
             // SAFETY: r is live.
             unsafe {
@@ -537,6 +538,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
             };
         }
         Delivery::Rts => {
+            let addr = addr();
             let n = (hdr.len as usize).min(rq.length);
             rq.sm_hdr = hdr;
             rq.sm_addr = addr;
