@@ -189,21 +189,26 @@ impl Hints {
         self
     }
 
-    fn set_string(mut self, field: StrField, s: &str) -> Self {
-        let c = match CString::new(s) {
-            Ok(c) => c,
-            Err(_) => {
-                self.deferred.get_or_insert(Error::INVAL);
-                return self;
-            }
+    /// `s` copied with C `malloc` (what `fi_freeinfo` frees) and its length with the
+    /// NUL; on failure the error is recorded for getinfo time and None returned.
+    fn c_dup(&mut self, s: &str) -> Option<(*mut libc::c_char, usize)> {
+        let Ok(c) = CString::new(s) else {
+            self.deferred.get_or_insert(Error::INVAL);
+            return None;
         };
-        // SAFETY: c is a valid NUL-terminated string; strdup copies it with malloc,
-        // the allocator fi_freeinfo frees with.
+        // SAFETY: c is a valid NUL-terminated string; strdup copies it with malloc.
         let dup = unsafe { libc::strdup(c.as_ptr()) };
         if dup.is_null() {
             self.deferred.get_or_insert(Error::NOMEM);
-            return self;
+            return None;
         }
+        Some((dup, c.as_bytes_with_nul().len()))
+    }
+
+    fn set_string(mut self, field: StrField, s: &str) -> Self {
+        let Some((dup, _)) = self.c_dup(s) else {
+            return self;
+        };
         let slot = match field {
             StrField::Provider => self.fabric_attr().map(|a| &mut a.prov_name),
             StrField::Fabric => self.fabric_attr().map(|a| &mut a.name),
@@ -348,23 +353,15 @@ impl Hints {
     /// `src_addr` as a NUL-terminated string (the address format of `FI_ADDR_STR`
     /// providers such as shm, whose endpoint name derives from it).
     pub fn src_addr_str(mut self, addr: &str) -> Self {
-        let Ok(c) = CString::new(addr) else {
-            self.deferred.get_or_insert(Error::INVAL);
+        let Some((dup, len)) = self.c_dup(addr) else {
             return self;
         };
-        // SAFETY: c is a valid NUL-terminated string; strdup copies it with malloc,
-        // the allocator fi_freeinfo frees with.
-        let dup = unsafe { libc::strdup(c.as_ptr()) };
-        if dup.is_null() {
-            self.deferred.get_or_insert(Error::NOMEM);
-            return self;
-        }
         let raw = self.raw();
         // SAFETY: the old src_addr is NULL or was malloc'ed (fi_dupinfo or a previous
         // call); it is replaced here, so it is freed exactly once.
         unsafe { libc::free(raw.src_addr) };
         raw.src_addr = dup.cast();
-        raw.src_addrlen = c.as_bytes_with_nul().len();
+        raw.src_addrlen = len;
         self
     }
 
