@@ -61,6 +61,12 @@ impl Slots {
         }
     }
 
+    /// Was some slot invalidated since the last sweep? (A hint: read without a lock.)
+    #[inline]
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
+
     /// Mark every valid slot overlapping `[addr, addr + len)` invalid. Lock-free,
     /// allocation-free and panic-free: callable from inside `munmap`.
     pub fn invalidate(&self, addr: usize, len: usize) {
@@ -310,7 +316,9 @@ impl<R> Cache<R> {
 
     /// Drop every unused invalidated entry (normal context only).
     pub fn sweep(&mut self) {
-        if !self.slots.dirty.swap(false, Ordering::AcqRel) {
+        // A plain load first: progress calls this on every poll, and the swap's locked
+        // instruction is not free.
+        if !self.slots.is_dirty() || !self.slots.dirty.swap(false, Ordering::AcqRel) {
             return;
         }
         for i in 0..self.entries.len() {

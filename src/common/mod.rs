@@ -56,6 +56,7 @@ pub mod quirks;
 pub mod release;
 pub mod select;
 pub mod shared;
+pub mod sync;
 
 pub use shared::{open_domain, Decline, DomainHandle, DomainRequest};
 

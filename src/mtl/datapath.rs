@@ -19,33 +19,12 @@ use std::collections::VecDeque;
 use std::mem::offset_of;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
-/// A mutex that is taken only when it must be.
-pub struct MaybeLock {
-    enabled: bool,
-    m: Mutex<()>,
-}
-
-impl MaybeLock {
-    pub fn new(enabled: bool) -> Self {
-        MaybeLock {
-            enabled,
-            m: Mutex::new(()),
-        }
-    }
-    #[inline]
-    pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
-        if self.enabled {
-            Some(self.m.lock().unwrap_or_else(|e| e.into_inner()))
-        } else {
-            None
-        }
-    }
-}
+pub use crate::common::sync::MaybeLock;
 
 /// The per-process MTL state the data path reads. Built by `setup.rs`.
 pub struct Mtl {
@@ -69,11 +48,157 @@ pub struct Mtl {
     pub soft: Option<Box<super::softmatch::SoftMatch>>,
     /// Receives waiting for room in the provider's receive queue, in MPI order
     /// (request addresses).
-    pub deferred: Mutex<VecDeque<usize>>,
+    pub deferred: Mutex<Deferred>,
+    /// How much of the provider's receive queue each class of receive may take.
+    pub rx: RxBudget,
     /// Sends waiting for the provider, in order.
     pub(super) deferred_sends: Mutex<VecDeque<PendingSend>>,
     pub has_deferred_sends: std::sync::atomic::AtomicBool,
     pub has_deferred: std::sync::atomic::AtomicBool,
+}
+
+/// Receives waiting for room in the provider's queue, in MPI order within each class
+/// (request addresses). The two classes never match the same message: `internal`
+/// holds Open MPI's own receives (negative tags: collectives over pml cm), which
+/// `MPI_ANY_TAG` does not match (see tag.rs), `user` every other receive.
+#[derive(Default)]
+pub struct Deferred {
+    pub user: VecDeque<usize>,
+    pub internal: VecDeque<usize>,
+}
+
+impl Deferred {
+    fn queue(&mut self, internal: bool) -> &mut VecDeque<usize> {
+        if internal {
+            &mut self.internal
+        } else {
+            &mut self.user
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.user.is_empty() && self.internal.is_empty()
+    }
+
+    /// Take `r` out of whichever queue holds it.
+    fn remove(&mut self, r: usize) -> bool {
+        for q in [&mut self.user, &mut self.internal] {
+            if let Some(i) = q.iter().position(|&d| d == r) {
+                q.remove(i);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The provider's receive queue holds `capacity` receives. The user's receives may
+/// fill it only up to `capacity - reserve`: a program may post more receives than the
+/// queue holds before any of their sends, then enter a collective, whose receives
+/// must still reach the provider (else the job deadlocks, as it does with the C MTL).
+pub struct RxBudget {
+    user: AtomicUsize,
+    internal: AtomicUsize,
+    user_max: usize,
+    total_max: usize,
+    threads: bool,
+}
+
+impl RxBudget {
+    /// `capacity` 0: unknown, no limit of ours (the provider's `-FI_EAGAIN` still is).
+    pub fn new(capacity: usize, threads: bool) -> RxBudget {
+        let (user_max, total_max) = if capacity == 0 {
+            (usize::MAX, usize::MAX)
+        } else {
+            let reserve = (capacity / 8).clamp(1, 256);
+            (capacity.saturating_sub(reserve).max(1), capacity)
+        };
+        RxBudget {
+            user: AtomicUsize::new(0),
+            internal: AtomicUsize::new(0),
+            user_max,
+            total_max,
+            threads,
+        }
+    }
+
+    #[inline]
+    fn counter(&self, internal: bool) -> &AtomicUsize {
+        if internal {
+            &self.internal
+        } else {
+            &self.user
+        }
+    }
+
+    /// May one more receive of this class go to the provider?
+    #[inline]
+    pub fn room(&self, internal: bool) -> bool {
+        let u = self.user.load(Ordering::Relaxed);
+        let i = self.internal.load(Ordering::Relaxed);
+        u.saturating_add(i) < self.total_max && (internal || u < self.user_max)
+    }
+
+    #[inline]
+    fn change(&self, internal: bool, up: bool) {
+        let c = self.counter(internal);
+        if self.threads {
+            if up {
+                c.fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.fetch_sub(1, Ordering::Relaxed);
+            }
+        } else {
+            // One thread in MPI at a time: no locked instruction needed.
+            let v = c.load(Ordering::Relaxed);
+            c.store(
+                if up { v + 1 } else { v.saturating_sub(1) },
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// How many of the user's receives may be in the provider at once.
+    pub fn user_max(&self) -> usize {
+        self.user_max
+    }
+
+    /// Receives of each class in the provider now (user, internal).
+    pub fn posted(&self) -> (usize, usize) {
+        (
+            self.user.load(Ordering::Relaxed),
+            self.internal.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// `r` is about to be posted: count it (before posting, so that its completion,
+/// possibly on another thread, never finds the count at zero).
+///
+/// # Safety
+/// `r` must be a live receive.
+#[inline]
+unsafe fn rx_enter(m: &Mtl, r: *mut Request) {
+    // SAFETY: forwarded.
+    unsafe {
+        m.rx.change((*r).rx_internal, true);
+        (*r).in_provider = true;
+    }
+}
+
+/// `r` left the provider's queue (completed, failed, cancelled, or never got in).
+///
+/// # Safety
+/// `r` must be a live receive.
+#[inline]
+unsafe fn rx_leave(m: &Mtl, r: *mut Request) {
+    // SAFETY: forwarded.
+    unsafe {
+        if (*r).in_provider {
+            (*r).in_provider = false;
+            m.rx.change((*r).rx_internal, false);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -154,6 +279,10 @@ pub struct Request {
     pub sm_mr: *mut c_void,
     /// Source address a receive is posted with.
     pub post_addr: u64,
+    /// A receive with a negative tag (Open MPI's own), see [`Deferred`].
+    pub rx_internal: bool,
+    /// Counted in [`RxBudget`]: posted to the provider and not yet completed.
+    pub in_provider: bool,
 }
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -196,6 +325,8 @@ impl Request {
             ptr::addr_of_mut!((*r).sm_addr).write(0);
             ptr::addr_of_mut!((*r).sm_mr).write(ptr::null_mut());
             ptr::addr_of_mut!((*r).post_addr).write(FI_ADDR_UNSPEC);
+            ptr::addr_of_mut!((*r).rx_internal).write(false);
+            ptr::addr_of_mut!((*r).in_provider).write(false);
         }
     }
 
@@ -489,9 +620,9 @@ fn progress_cq(m: &Mtl) -> usize {
     // thread reads and dispatches at a time (a re-entrant call from a dispatch, or
     // another thread, returns at once).
     let _serial = match m.soft.as_deref() {
-        Some(sm) => match sm.progress.try_lock() {
-            Ok(g) => Some(g),
-            Err(_) => return 0,
+        Some(sm) => match sm.progress.try_enter() {
+            Some(g) => Some(g),
+            None => return 0,
         },
         None => None,
     };
@@ -618,6 +749,7 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
         Kind::Recv => {
             // SAFETY: r is a live receive.
             unsafe {
+                rx_leave(m, r);
                 recv_done(
                     m,
                     r,
@@ -768,6 +900,11 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
     let kind = unsafe { (*r).kind };
     // shm reports some errors negated.
     let code = e.err.unsigned_abs();
+    if kind == Kind::Recv {
+        // SAFETY: r is a live receive; every error completion ends its time in the
+        // provider's queue.
+        unsafe { rx_leave(m, r) };
+    }
     match kind {
         Kind::Probe if code == fi::FI_ENOMSG => {
             // SAFETY: live probe.
@@ -1276,19 +1413,27 @@ fn irecv_impl(
         (*r).matched_tag = bits;
         (*r).matched_data = ignore;
     }
-    // Receives are posted in MPI order: once one had to wait for room in the
-    // provider's queue, every later one waits behind it. The queue's mutex is taken
-    // only then; a thread that queued a receive set the flag before returning, so its
-    // own later receives see it.
-    if !m.has_deferred.load(Ordering::Acquire) {
+    let internal = tag < 0 && tag != sys::MPI_ANY_TAG;
+    // SAFETY: r is live.
+    unsafe { (*r).rx_internal = internal };
+    // Receives are posted in MPI order within their class (see `Deferred`): once one
+    // had to wait for room in the provider's queue, every later one of its class waits
+    // behind it. The queue's mutex is taken only then; a thread that queued a receive
+    // set the flag before returning, so its own later receives see it.
+    if !m.has_deferred.load(Ordering::Acquire) && m.rx.room(internal) {
         let ret = {
             let _g = m.lock.lock();
             // SAFETY: r is live, with its buffer, address and match bits set.
-            unsafe { post_recv(m, r) }
+            unsafe {
+                rx_enter(m, r);
+                post_recv(m, r)
+            }
         };
         if ret >= 0 {
             return sys::OMPI_SUCCESS;
         }
+        // SAFETY: not posted.
+        unsafe { rx_leave(m, r) };
         if ret != -(fi::FI_EAGAIN as isize) {
             if owned {
                 // SAFETY: not posted, still ours.
@@ -1299,8 +1444,10 @@ fn irecv_impl(
         m.counters.eagain.fetch_add(1, Ordering::Relaxed);
     }
     let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    deferred.push_back(r as usize);
+    deferred.queue(internal).push_back(r as usize);
     m.has_deferred.store(true, Ordering::Release);
+    // The other class may have room (a collective's receive behind the user's).
+    drain_deferred(m, &mut deferred);
     sys::OMPI_SUCCESS
 }
 
@@ -1367,35 +1514,54 @@ unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
 /// Post the receives that waited for room, in order, until the provider is full again.
 fn post_deferred(m: &Mtl) {
     let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    while let Some(&r) = deferred.front() {
-        let ret = {
-            let _g = m.lock.lock();
-            // SAFETY: deferred receives are live PML requests (a cancelled one is
-            // removed from the queue before it completes).
-            unsafe { post_recv(m, r as *mut Request) }
-        };
-        if ret == -(fi::FI_EAGAIN as isize) {
-            return;
-        }
-        deferred.pop_front();
-        if ret < 0 {
+    drain_deferred(m, &mut deferred);
+}
+
+/// Post from the head of each class's queue while that class has room.
+fn drain_deferred(m: &Mtl, deferred: &mut Deferred) {
+    'classes: for internal in [true, false] {
+        while m.rx.room(internal) {
+            let Some(&r) = deferred.queue(internal).front() else {
+                break;
+            };
             let r = r as *mut Request;
-            log::error!(
-                "posting a receive failed: {}",
-                crate::fabric::Error::from_ret(ret)
-            );
-            // SAFETY: r is live and not posted: complete it with the error.
-            unsafe {
-                (*r).status.error = sys::MPI_ERR_INTERN as c_int;
-                if (*r).owns_buffer {
-                    libc::free((*r).buffer as *mut c_void);
-                    (*r).owns_buffer = false;
+            let ret = {
+                let _g = m.lock.lock();
+                // SAFETY: deferred receives are live PML requests (a cancelled one is
+                // removed from the queue before it completes).
+                unsafe {
+                    rx_enter(m, r);
+                    post_recv(m, r)
                 }
-                Request::complete_to_pml(r);
+            };
+            if ret == -(fi::FI_EAGAIN as isize) {
+                // SAFETY: not posted.
+                unsafe { rx_leave(m, r) };
+                // The provider itself is full: neither class gets in now.
+                break 'classes;
+            }
+            deferred.queue(internal).pop_front();
+            if ret < 0 {
+                log::error!(
+                    "posting a receive failed: {}",
+                    crate::fabric::Error::from_ret(ret)
+                );
+                // SAFETY: r is live and not posted: complete it with the error.
+                unsafe {
+                    rx_leave(m, r);
+                    (*r).status.error = sys::MPI_ERR_INTERN as c_int;
+                    if (*r).owns_buffer {
+                        libc::free((*r).buffer as *mut c_void);
+                        (*r).owns_buffer = false;
+                    }
+                    Request::complete_to_pml(r);
+                }
             }
         }
     }
-    m.has_deferred.store(false, Ordering::Release);
+    if deferred.is_empty() {
+        m.has_deferred.store(false, Ordering::Release);
+    }
 }
 
 /// Peek for a matching message; on success returns (tag bits, cq data, length).
@@ -1757,8 +1923,7 @@ fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
     }
     let waiting = {
         let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-        let pos = deferred.iter().position(|&d| d == r as usize);
-        pos.and_then(|i| deferred.remove(i)).is_some()
+        deferred.remove(r as usize)
     };
     if waiting {
         // Never reached the provider: cancelled here.

@@ -246,6 +246,9 @@ pub fn init_module(
     // claims FI_THREAD_SAFE: udp;ofi_rxd hangs with concurrent callers (threads test).
     let threaded_lock = mpi_threads;
     let inject_size = info.inject_size();
+    // The depth of the provider's receive queue: the MTL keeps part of it for Open
+    // MPI's own receives (datapath::RxBudget).
+    let rx_capacity = info.rx_size();
     let provider = info.provider_name().to_string();
 
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
@@ -294,13 +297,14 @@ pub fn init_module(
         counters: Default::default(),
         soft: None,
         deferred: Default::default(),
+        rx: datapath::RxBudget::new(rx_capacity, mpi_threads),
         deferred_sends: Default::default(),
         has_deferred_sends: Default::default(),
         has_deferred: Default::default(),
     });
     let mut state = state;
     if soft {
-        let mut sm = Box::new(super::softmatch::SoftMatch::new(dom.clone()));
+        let mut sm = Box::new(super::softmatch::SoftMatch::new(dom.clone(), mpi_threads));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
         state.soft = Some(sm);
@@ -325,13 +329,24 @@ pub fn init_module(
         (*m).mtl_request_size = REQUEST_EXTRA;
     }
     log::info!(
-        "provider {provider}: tag mode {} ({} communicator ids, tags up to {}), inject {} bytes, {}{}",
+        "provider {provider}: tag mode {} ({} communicator ids, tags up to {}), inject {} bytes, \
+         receive queue {} ({} of it for the application's receives), {}{}",
         mode.name(),
         layout.max_cid() as u64 + 1,
         layout.max_tag(),
         inject_size,
-        if all_local { "local communication only" } else { "local and remote communication" },
-        if threaded_lock { ", serialised for MPI_THREAD_MULTIPLE" } else { "" }
+        rx_capacity,
+        datapath::RxBudget::new(rx_capacity, false).user_max(),
+        if all_local {
+            "local communication only"
+        } else {
+            "local and remote communication"
+        },
+        if threaded_lock {
+            ", serialised for MPI_THREAD_MULTIPLE"
+        } else {
+            ""
+        }
     );
     Ok(m)
 }

@@ -203,7 +203,7 @@ pub struct SoftMatch {
     /// Received messages rejected by [`Hdr::decode`] or the token check.
     pub rejected: AtomicU64,
     /// Held while one thread reads and dispatches completions.
-    pub progress: Mutex<()>,
+    pub progress: crate::common::sync::Serial,
     bounces: Vec<*mut Request>,
     domain: Arc<Domain>,
     next_key: AtomicU64,
@@ -220,7 +220,8 @@ fn lock(l: &Mutex<Lists>) -> std::sync::MutexGuard<'_, Lists> {
 }
 
 impl SoftMatch {
-    pub fn new(domain: Arc<Domain>) -> SoftMatch {
+    /// `threads`: MPI_THREAD_MULTIPLE (progress may run on several threads).
+    pub fn new(domain: Arc<Domain>, threads: bool) -> SoftMatch {
         SoftMatch {
             lists: Mutex::new(Lists {
                 posted: VecDeque::new(),
@@ -228,7 +229,7 @@ impl SoftMatch {
             }),
             waiting: Mutex::new(std::collections::HashMap::new()),
             rejected: AtomicU64::new(0),
-            progress: Mutex::new(()),
+            progress: crate::common::sync::Serial::new(threads),
             bounces: Vec::new(),
             domain,
             next_key: AtomicU64::new(1),
