@@ -2048,3 +2048,40 @@ pub extern "C" fn mtl_cancel(
 ) -> c_int {
     ffi_guard("mtl cancel", sys::OMPI_ERROR, || cancel_impl(req))
 }
+
+#[cfg(test)]
+mod rx_budget_tests {
+    use super::RxBudget;
+
+    #[test]
+    fn user_receives_leave_the_reserve_to_internal_ones() {
+        for threads in [false, true] {
+            let b = RxBudget::new(1024, threads);
+            assert_eq!(b.user_max(), 896);
+            for _ in 0..896 {
+                assert!(b.room(false));
+                b.change(false, true);
+            }
+            assert!(!b.room(false), "the user class stops at capacity - reserve");
+            for _ in 0..128 {
+                assert!(b.room(true), "internal receives use the reserve");
+                b.change(true, true);
+            }
+            assert!(!b.room(true), "nothing past the capacity");
+            b.change(false, false);
+            assert!(b.room(true) && b.room(false));
+            assert_eq!(b.posted(), (895, 128));
+        }
+    }
+
+    #[test]
+    fn small_and_unknown_queues() {
+        let b = RxBudget::new(4, false);
+        assert_eq!(b.user_max(), 3);
+        let u = RxBudget::new(0, false);
+        assert!(u.room(false) && u.room(true));
+        // A count never wraps below zero without threads.
+        u.change(false, false);
+        assert_eq!(u.posted(), (0, 0));
+    }
+}
