@@ -477,25 +477,13 @@ impl Endpoint {
         context: *mut c_void,
         flags: u64,
     ) -> Result<()> {
-        let iov = fi::iovec {
-            iov_base: buf,
-            iov_len: len,
-        };
-        let mut d = desc;
-        let rma = fi::fi_rma_iov { addr, len, key };
-        let msg = fi::fi_msg_rma {
-            msg_iov: &iov,
-            desc: &mut d,
-            iov_count: 1,
-            addr: src,
-            rma_iov: &rma,
-            rma_iov_count: 1,
-            context,
-            data: 0,
-        };
-        // SAFETY: the endpoint is open; msg and what it points to live during the call
-        // (the provider copies them); the buffers are the caller's contract.
-        posted(unsafe { fi::fi_readmsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64) })
+        with_rma_msg(buf, len, desc, src, addr, key, context, |msg| {
+            // SAFETY: the endpoint is open; msg and what it points to live during the
+            // call (the provider copies them); the buffers are the caller's contract.
+            posted(unsafe {
+                fi::fi_readmsg(self.fid.as_ptr(), msg, flags | fi::FI_COMPLETION as u64)
+            })
+        })
     }
 
     /// `fi_write`: RMA write of `buf` to remote `addr` (registration `key`).
@@ -538,27 +526,22 @@ impl Endpoint {
         context: *mut c_void,
         flags: u64,
     ) -> Result<()> {
-        let iov = fi::iovec {
-            iov_base: buf as *mut c_void,
-            iov_len: len,
-        };
-        let mut d = desc;
-        let rma = fi::fi_rma_iov { addr, len, key };
-        let msg = fi::fi_msg_rma {
-            msg_iov: &iov,
-            desc: &mut d,
-            iov_count: 1,
-            addr: dest,
-            rma_iov: &rma,
-            rma_iov_count: 1,
+        with_rma_msg(
+            buf as *mut c_void,
+            len,
+            desc,
+            dest,
+            addr,
+            key,
             context,
-            data: 0,
-        };
-        // SAFETY: the endpoint is open; msg and what it points to live during the call
-        // (the provider copies them); the buffers are the caller's contract.
-        posted(unsafe {
-            fi::fi_writemsg(self.fid.as_ptr(), &msg, flags | fi::FI_COMPLETION as u64)
-        })
+            |msg| {
+                // SAFETY: the endpoint is open; msg and what it points to live during the
+                // call (the provider copies them); the buffers are the caller's contract.
+                posted(unsafe {
+                    fi::fi_writemsg(self.fid.as_ptr(), msg, flags | fi::FI_COMPLETION as u64)
+                })
+            },
+        )
     }
 
     /// `fi_writedata`: [`Endpoint::write`] with remote CQ data.
@@ -624,4 +607,37 @@ impl fmt::Debug for Endpoint {
             .field("fid", &self.fid)
             .finish()
     }
+}
+
+/// Run `f` with the `fi_msg_rma` of one local buffer and one remote range (the form
+/// `fi_readmsg` and `fi_writemsg` take); the message points at locals of this call.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn with_rma_msg<R>(
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    peer: fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+    f: impl FnOnce(&fi::fi_msg_rma) -> R,
+) -> R {
+    let iov = fi::iovec {
+        iov_base: buf,
+        iov_len: len,
+    };
+    let mut d = desc;
+    let rma = fi::fi_rma_iov { addr, len, key };
+    let msg = fi::fi_msg_rma {
+        msg_iov: &iov,
+        desc: &mut d,
+        iov_count: 1,
+        addr: peer,
+        rma_iov: &rma,
+        rma_iov_count: 1,
+        context,
+        data: 0,
+    };
+    f(&msg)
 }
