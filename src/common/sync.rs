@@ -5,6 +5,8 @@
 //! every poll (on this machine's cores they were the largest part of an empty poll of
 //! ours, measured with `perf annotate`).
 
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -27,6 +29,80 @@ impl MaybeLock {
     pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
         self.enabled
             .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Data behind a mutex that is taken only with MPI threads. Without them one thread at
+/// a time is inside MPI, and the code never holds two guards of one `MaybeMutex` (it
+/// would deadlock on a real mutex), so the guard alone gives exclusive access; debug
+/// builds check that no second guard is taken.
+pub struct MaybeMutex<T> {
+    enabled: bool,
+    m: Mutex<()>,
+    held: AtomicBool,
+    v: UnsafeCell<T>,
+}
+
+// SAFETY: access to `v` goes through a guard: under the mutex with MPI threads, and by
+// the one thread inside MPI without them (see the type's docs).
+unsafe impl<T: Send> Sync for MaybeMutex<T> {}
+
+/// Exclusive access to a [`MaybeMutex`]'s data until dropped.
+pub struct MaybeMutexGuard<'a, T> {
+    owner: &'a MaybeMutex<T>,
+    _g: Option<MutexGuard<'a, ()>>,
+}
+
+impl<T> MaybeMutex<T> {
+    /// `threads`: several threads may call into MPI at once (take the mutex).
+    pub fn new(v: T, threads: bool) -> Self {
+        MaybeMutex {
+            enabled: threads,
+            m: Mutex::new(()),
+            held: AtomicBool::new(false),
+            v: UnsafeCell::new(v),
+        }
+    }
+
+    #[inline]
+    pub fn lock(&self) -> MaybeMutexGuard<'_, T> {
+        let g = self
+            .enabled
+            .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner()));
+        debug_assert!(
+            !self.held.load(Ordering::Relaxed),
+            "MaybeMutex locked twice at once"
+        );
+        if cfg!(debug_assertions) {
+            self.held.store(true, Ordering::Relaxed);
+        }
+        MaybeMutexGuard { owner: self, _g: g }
+    }
+}
+
+impl<T> Deref for MaybeMutexGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard gives exclusive access (see MaybeMutex).
+        unsafe { &*self.owner.v.get() }
+    }
+}
+
+impl<T> DerefMut for MaybeMutexGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as above.
+        unsafe { &mut *self.owner.v.get() }
+    }
+}
+
+impl<T> Drop for MaybeMutexGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        if cfg!(debug_assertions) {
+            self.owner.held.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -110,6 +186,24 @@ mod tests {
             }
         });
         assert_eq!(max.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn maybe_mutex_serialises_threads() {
+        let m = MaybeMutex::new(0u64, true);
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| {
+                    for _ in 0..10_000 {
+                        *m.lock() += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*m.lock(), 40_000);
+        let single = MaybeMutex::new(vec![1], false);
+        single.lock().push(2);
+        assert_eq!(*single.lock(), vec![1, 2]);
     }
 
     #[test]

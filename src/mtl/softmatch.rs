@@ -195,7 +195,7 @@ struct Lists {
 
 /// The software-matching state of the MTL.
 pub struct SoftMatch {
-    lists: Mutex<Lists>,
+    lists: crate::common::sync::MaybeMutex<Lists>,
     /// Sends waiting for a FIN (rendezvous) or ACK (synchronous eager): token -> the
     /// kind expected. A FIN/ACK whose token is not here is rejected, never
     /// dereferenced: the token is a pointer, and it comes from the wire.
@@ -215,18 +215,23 @@ unsafe impl Send for SoftMatch {}
 // SAFETY: as above.
 unsafe impl Sync for SoftMatch {}
 
-fn lock(l: &Mutex<Lists>) -> std::sync::MutexGuard<'_, Lists> {
-    l.lock().unwrap_or_else(|e| e.into_inner())
+fn lock(
+    l: &crate::common::sync::MaybeMutex<Lists>,
+) -> crate::common::sync::MaybeMutexGuard<'_, Lists> {
+    l.lock()
 }
 
 impl SoftMatch {
     /// `threads`: MPI_THREAD_MULTIPLE (progress may run on several threads).
     pub fn new(domain: Arc<Domain>, threads: bool) -> SoftMatch {
         SoftMatch {
-            lists: Mutex::new(Lists {
-                posted: VecDeque::new(),
-                unexpected: VecDeque::new(),
-            }),
+            lists: crate::common::sync::MaybeMutex::new(
+                Lists {
+                    posted: VecDeque::new(),
+                    unexpected: VecDeque::new(),
+                },
+                threads,
+            ),
             waiting: Mutex::new(std::collections::HashMap::new()),
             rejected: AtomicU64::new(0),
             progress: crate::common::sync::Serial::new(threads),
