@@ -619,16 +619,23 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     } else {
         0
     };
-    // Atomics by active messages: asked for, or (auto) the provider has none. They
-    // need both services: the request travels as an active message to the window's
-    // registration.
+    // Atomics by active messages: asked for, or (auto) the provider has none or its
+    // own crash (common::quirks). They need both services: the request travels as an
+    // active message to the window's registration.
+    let atomics_crash = crate::common::quirks::of(&provider).atomics_crash;
     let amo = one_sided
         && two_sided
         && match atomics_mode {
             ATOMICS_AM => true,
             ATOMICS_PROVIDER => false,
-            _ => provider_atomics & !sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT == 0,
+            _ => provider_atomics & !sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT == 0 || atomics_crash,
         };
+    if amo && atomics_crash && provider_atomics != 0 && atomics_mode != ATOMICS_AM {
+        log::info!(
+            "provider {provider}: atomics by active messages (its own atomics crash it under osc rdma; \
+             btl_ofi_atomics=provider uses them anyway)"
+        );
+    }
     if atomics_mode == ATOMICS_AM && !amo {
         log::warn!(
             "btl_ofi_atomics=am needs btl_ofi_mode 2 (active messages and RDMA): no atomics offered"

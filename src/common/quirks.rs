@@ -15,6 +15,11 @@ pub struct Quirks {
     /// Matching of unexpected messages ignores the receive's ignore mask, so wildcard
     /// receives miss (or mis-match) messages that arrived before them (shm 1.17).
     pub unexpected_ignores_mask: bool,
+    /// The provider's atomics crash it: osc rdma's atomics over udp;ofi_rxd 1.17
+    /// segfault inside rxd's progress (`onesided` every run, `atomics` one run in four),
+    /// while the same programs pass with the atomics done by active messages. The BTL's
+    /// `btl_ofi_atomics=auto` then emulates them.
+    pub atomics_crash: bool,
 }
 
 /// The quirks of a provider, by its `fi_info` name (`tcp;ofi_rxm`, `shm`, ...).
@@ -25,6 +30,7 @@ pub fn of(provider: &str) -> Quirks {
             .iter()
             .any(|l| matches!(*l, "ofi_rxm" | "ofi_rxd" | "net" | "sockets" | "shm")),
         unexpected_ignores_mask: layers.first() == Some(&"shm"),
+        atomics_crash: layers.contains(&"ofi_rxd"),
     }
 }
 
@@ -40,6 +46,8 @@ mod tests {
         assert!(of("net").truncation_unsafe);
         assert!(of("shm").unexpected_ignores_mask);
         assert!(of("shm").truncation_unsafe);
+        assert!(of("udp;ofi_rxd").atomics_crash);
+        assert!(!of("tcp;ofi_rxm").atomics_crash);
         assert_eq!(of("efa"), Quirks::default());
     }
 }
