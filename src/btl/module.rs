@@ -888,13 +888,10 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
     loop {
         let want = CHUNK.min(st.num_cq_read - total.min(st.num_cq_read)).max(1);
-        let r = st.fi(|| st.cq.read_uninit(&mut entries[..want]).map(|e| e.len()));
+        let r = st.fi(|| st.cq.read_uninit(&mut entries[..want]));
         match r {
-            Ok(n) => {
-                // SAFETY: read_uninit reported n entries written.
-                let done = unsafe {
-                    std::slice::from_raw_parts(entries.as_ptr().cast::<fi::fi_cq_tagged_entry>(), n)
-                };
+            Ok(done) => {
+                let n = done.len();
                 for e in done {
                     // SAFETY: every operation we post carries the Ctx of a live op.
                     unsafe { dispatch(mp, e.op_context, e.len, 0) };

@@ -249,6 +249,8 @@ pub fn init_module(
     // The depth of the provider's receive queue: the MTL keeps part of it for Open
     // MPI's own receives (datapath::RxBudget).
     let rx_capacity = info.rx_size();
+    let rx = datapath::RxBudget::new(rx_capacity, mpi_threads);
+    let rx_user_max = rx.user_max();
     let provider = info.provider_name().to_string();
 
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
@@ -297,7 +299,7 @@ pub fn init_module(
         counters: Default::default(),
         soft: None,
         deferred: Default::default(),
-        rx: datapath::RxBudget::new(rx_capacity, mpi_threads),
+        rx,
         deferred_sends: Default::default(),
         has_deferred_sends: Default::default(),
         has_deferred: Default::default(),
@@ -336,7 +338,7 @@ pub fn init_module(
         layout.max_tag(),
         inject_size,
         rx_capacity,
-        datapath::RxBudget::new(rx_capacity, false).user_max(),
+        rx_user_max,
         if all_local {
             "local communication only"
         } else {
