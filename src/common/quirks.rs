@@ -15,11 +15,25 @@ pub struct Quirks {
     /// Matching of unexpected messages ignores the receive's ignore mask, so wildcard
     /// receives miss (or mis-match) messages that arrived before them (shm 1.17).
     pub unexpected_ignores_mask: bool,
+    /// Unexpected tagged messages stall the provider: thousands of them, or a few large
+    /// ones, and the sends never complete (net 1.17; ofi_rxd 1.17, which also hangs
+    /// under concurrent tagged traffic from several threads and in 4-rank rings of
+    /// 4 MiB messages). The C MTL stalls the same way. Matching in software, over
+    /// untagged messages, passes the same programs (mpi_tests `many_posted`,
+    /// `wildcards`, `ssend`, `threads`, `truncation_large`).
+    pub unexpected_stalls: bool,
     /// The provider's atomics crash it: osc rdma's atomics over udp;ofi_rxd 1.17
     /// segfault inside rxd's progress (`onesided` every run, `atomics` one run in four),
     /// while the same programs pass with the atomics done by active messages. The BTL's
     /// `btl_ofi_atomics=auto` then emulates them.
     pub atomics_crash: bool,
+}
+
+impl Quirks {
+    /// The MTL should match in software rather than with the provider's tags.
+    pub fn tag_matching_unsafe(&self) -> bool {
+        self.unexpected_ignores_mask || self.unexpected_stalls
+    }
 }
 
 /// The quirks of a provider, by its `fi_info` name (`tcp;ofi_rxm`, `shm`, ...).
@@ -30,6 +44,7 @@ pub fn of(provider: &str) -> Quirks {
             .iter()
             .any(|l| matches!(*l, "ofi_rxm" | "ofi_rxd" | "net" | "sockets" | "shm")),
         unexpected_ignores_mask: layers.first() == Some(&"shm"),
+        unexpected_stalls: layers.iter().any(|l| matches!(*l, "ofi_rxd" | "net")),
         atomics_crash: layers.contains(&"ofi_rxd"),
     }
 }
@@ -47,6 +62,11 @@ mod tests {
         assert!(of("shm").unexpected_ignores_mask);
         assert!(of("shm").truncation_unsafe);
         assert!(of("udp;ofi_rxd").atomics_crash);
+        assert!(of("udp;ofi_rxd").tag_matching_unsafe());
+        assert!(of("net").tag_matching_unsafe());
+        assert!(of("shm").tag_matching_unsafe());
+        assert!(!of("tcp;ofi_rxm").tag_matching_unsafe());
+        assert!(!of("tcp").tag_matching_unsafe());
         assert!(!of("tcp;ofi_rxm").atomics_crash);
         assert_eq!(of("efa"), Quirks::default());
     }

@@ -173,11 +173,34 @@ pub fn init_module(
     // after the second is open, so the memory monitor stays up.
     let name = domain.info().provider_name().to_string();
     let quirks = crate::common::quirks::of(&name);
+    let want_soft = match param(idx::MATCHING) {
+        2 => {
+            if quirks.tag_matching_unsafe() {
+                log::warn!(
+                    "mtl_ofi_matching=provider on {name}: its tag matching is known to fail here \
+                     ({}); expect {}",
+                    if quirks.unexpected_ignores_mask {
+                        "wildcard receives miss messages that arrived before them"
+                    } else {
+                        "many or large unexpected messages stall"
+                    },
+                    if quirks.unexpected_ignores_mask {
+                        "wrong matches"
+                    } else {
+                        "hangs"
+                    }
+                );
+            }
+            false
+        }
+        3 => true,
+        _ => quirks.tag_matching_unsafe(),
+    };
     let refine = |deep: bool| -> Result<DomainHandle, String> {
-        let mut h = make_hints(!quirks.unexpected_ignores_mask)
+        let mut h = make_hints(!want_soft)
             .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?
             .prov_name(&name);
-        if quirks.unexpected_ignores_mask {
+        if want_soft {
             h = h.caps(
                 fi::FI_TAGGED as u64
                     | fi::FI_MSG as u64
@@ -200,8 +223,7 @@ pub fn init_module(
     };
     let domain = match refine(true) {
         Ok(d) => d,
-        Err(_) if quirks.unexpected_ignores_mask => {
-            log::info!("provider {name}: matching in software (its unexpected-message matching ignores tag masks)");
+        Err(_) if want_soft => {
             refine(false).map_err(|e| format!("{name} with software matching: {e}"))?
         }
         Err(_) => {
@@ -212,7 +234,19 @@ pub fn init_module(
             domain
         }
     };
-    let soft = quirks.unexpected_ignores_mask;
+    let soft = want_soft;
+    if soft {
+        log::info!(
+            "provider {name}: matching in software ({})",
+            if param(idx::MATCHING) == 3 {
+                "mtl_ofi_matching=software"
+            } else if quirks.unexpected_ignores_mask {
+                "its unexpected-message matching ignores tag masks"
+            } else {
+                "its tag matching stalls on unexpected messages"
+            }
+        );
+    }
     let info = domain.info();
     let cq_data = info.cq_data_size();
     let directed = info.caps() & fi::FI_DIRECTED_RECV != 0;
@@ -306,7 +340,23 @@ pub fn init_module(
     });
     let mut state = state;
     if soft {
-        let mut sm = Box::new(super::softmatch::SoftMatch::new(dom.clone(), mpi_threads));
+        // Matching in software relies on untagged messages from one peer completing in
+        // the order they were sent. udp;ofi_rxd and net keep that at any size (rxd
+        // delivers a peer's segments in sequence, net streams over one socket), and
+        // their RMA reads are protocol exchanges of their own, so 64 KiB goes eagerly
+        // there. ofi_rxm completes a message past its eager size (rendezvous) after
+        // the smaller ones sent behind it, and shm reads with one process_vm_readv:
+        // 16 KiB.
+        let bounce = if quirks.unexpected_stalls {
+            super::softmatch::BOUNCE_LARGE
+        } else {
+            super::softmatch::BOUNCE_SMALL
+        };
+        let mut sm = Box::new(super::softmatch::SoftMatch::new(
+            dom.clone(),
+            mpi_threads,
+            bounce,
+        ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
         state.soft = Some(sm);
@@ -318,6 +368,7 @@ pub fn init_module(
         _domain: domain,
         peers: Vec::new(),
     });
+    let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
     unsafe { sys::opal_progress_register(Some(datapath::progress_cb)) };
@@ -332,13 +383,22 @@ pub fn init_module(
     }
     log::info!(
         "provider {provider}: tag mode {} ({} communicator ids, tags up to {}), inject {} bytes, \
-         receive queue {} ({} of it for the application's receives), {}{}",
+         {}, {}{}",
         mode.name(),
         layout.max_cid() as u64 + 1,
         layout.max_tag(),
         inject_size,
-        rx_capacity,
-        rx_user_max,
+        if soft {
+            format!(
+                "{} receive buffers, messages above {} bytes read from the sender",
+                super::softmatch::BOUNCE_COUNT,
+                soft_eager_max
+            )
+        } else {
+            format!(
+                "receive queue {rx_capacity} ({rx_user_max} of it for the application's receives)"
+            )
+        },
         if all_local {
             "local communication only"
         } else {
