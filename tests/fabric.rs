@@ -89,7 +89,14 @@ fn objects_open_close(prov: &str, expect_prefix: &str) {
 
     // Both AV types the MTL may ask for.
     for av_type in [fi::FI_AV_MAP, fi::FI_AV_TABLE] {
-        let av = AddressVector::open(&domain, &AvAttr { av_type, count: 4 });
+        let av = AddressVector::open(
+            &domain,
+            &AvAttr {
+                av_type,
+                count: 4,
+                ..Default::default()
+            },
+        );
         match av {
             // udp;ofi_rxd opens FI_AV_TABLE when asked for FI_AV_MAP (and says so).
             Ok(av) => {

@@ -591,6 +591,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         &AvAttr {
             av_type: fi::FI_AV_TABLE,
             count: world.max(1) as usize,
+            ..Default::default()
         },
     )
     .or_else(|_| {
@@ -599,6 +600,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             &AvAttr {
                 av_type: fi::FI_AV_UNSPEC,
                 count: world.max(1) as usize,
+                ..Default::default()
             },
         )
     })

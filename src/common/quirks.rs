@@ -27,7 +27,17 @@ pub struct Quirks {
     /// while the same programs pass with the atomics done by active messages. The BTL's
     /// `btl_ofi_atomics=auto` then emulates them.
     pub atomics_crash: bool,
+    /// The provider buffers no message that arrives before its receive unless asked
+    /// (sockets: `total_buffered_recv` is 0 in what `fi_getinfo` returns): such a
+    /// message waits in the socket and blocks every later one from that peer, so a
+    /// receiver that posts its receives in another order than the sends deadlocks.
+    /// The MTL asks for [`UNEXPECTED_BUFFER`] bytes.
+    pub unexpected_unbuffered: bool,
 }
+
+/// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
+/// (the most sockets accepts).
+pub const UNEXPECTED_BUFFER: usize = 64 << 20;
 
 impl Quirks {
     /// The MTL should match in software rather than with the provider's tags.
@@ -46,6 +56,7 @@ pub fn of(provider: &str) -> Quirks {
         unexpected_ignores_mask: layers.first() == Some(&"shm"),
         unexpected_stalls: layers.iter().any(|l| matches!(*l, "ofi_rxd" | "net")),
         atomics_crash: layers.contains(&"ofi_rxd"),
+        unexpected_unbuffered: layers.first() == Some(&"sockets"),
     }
 }
 
@@ -68,6 +79,8 @@ mod tests {
         assert!(!of("tcp;ofi_rxm").tag_matching_unsafe());
         assert!(!of("tcp").tag_matching_unsafe());
         assert!(!of("tcp;ofi_rxm").atomics_crash);
+        assert!(of("sockets").unexpected_unbuffered);
+        assert!(!of("tcp").unexpected_unbuffered);
         assert_eq!(of("efa"), Quirks::default());
     }
 }

@@ -24,6 +24,9 @@ pub struct AvAttr {
     pub av_type: fi::fi_av_type,
     /// Expected number of addresses (a sizing hint; 0 = provider default).
     pub count: usize,
+    /// Bits of an `fi_addr_t` that select a peer's receive context (`fi_rx_addr`),
+    /// for scalable endpoints; 0 otherwise.
+    pub rx_ctx_bits: i32,
 }
 
 impl Default for AvAttr {
@@ -31,6 +34,7 @@ impl Default for AvAttr {
         AvAttr {
             av_type: fi::FI_AV_UNSPEC,
             count: 0,
+            rx_ctx_bits: 0,
         }
     }
 }
@@ -57,6 +61,7 @@ impl AddressVector {
         let mut a = fi::fi_av_attr {
             type_: attr.av_type,
             count: attr.count,
+            rx_ctx_bits: attr.rx_ctx_bits,
             ..Default::default()
         };
         let mut fid: *mut fi::fid_av = ptr::null_mut();

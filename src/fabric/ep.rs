@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 enum Bound {
     Av(#[allow(dead_code)] Arc<AddressVector>),
     Cq(#[allow(dead_code)] Arc<CompletionQueue>),
+    /// The scalable endpoint a transmit or receive context belongs to.
+    Parent(#[allow(dead_code)] Arc<Endpoint>),
 }
 
 /// An open endpoint.
@@ -77,6 +79,74 @@ impl Endpoint {
             domain: Arc::clone(domain),
             bound: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `fi_scalable_ep` on `domain` with `info`, whose `ep_attr` names the number of
+    /// transmit and receive contexts. Bind an AV, enable, then open the contexts with
+    /// [`Endpoint::tx_context`] and [`Endpoint::rx_context`].
+    pub fn open_scalable(domain: &Arc<Domain>, info: InfoRef<'_>) -> Result<Endpoint> {
+        let owned = info.to_owned()?;
+        let mut fid: *mut fi::fid_ep = ptr::null_mut();
+        // SAFETY: as in `open`.
+        check(unsafe {
+            fi::fi_scalable_ep(
+                domain.as_ptr(),
+                owned.as_open_ptr(),
+                &mut fid,
+                ptr::null_mut(),
+            )
+        })?;
+        let fid = NonNull::new(fid).ok_or(Error::NOMEM)?;
+        Ok(Endpoint {
+            fid,
+            domain: Arc::clone(domain),
+            bound: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `fi_tx_context(sep, index)`: transmit context `index` of this scalable endpoint
+    /// (which it keeps alive). Bind a CQ with `FI_TRANSMIT` and enable it.
+    pub fn tx_context(self: &Arc<Self>, index: usize) -> Result<Endpoint> {
+        self.context(index, true)
+    }
+
+    /// `fi_rx_context(sep, index)`: receive context `index`, as [`Endpoint::tx_context`].
+    pub fn rx_context(self: &Arc<Self>, index: usize) -> Result<Endpoint> {
+        self.context(index, false)
+    }
+
+    fn context(self: &Arc<Self>, index: usize, tx: bool) -> Result<Endpoint> {
+        let mut fid: *mut fi::fid_ep = ptr::null_mut();
+        let index = index as i32;
+        // SAFETY: the scalable endpoint is open; default attributes (NULL); out pointer
+        // valid; context NULL is allowed.
+        check(unsafe {
+            if tx {
+                fi::fi_tx_context(
+                    self.fid.as_ptr(),
+                    index,
+                    ptr::null_mut(),
+                    &mut fid,
+                    ptr::null_mut(),
+                )
+            } else {
+                fi::fi_rx_context(
+                    self.fid.as_ptr(),
+                    index,
+                    ptr::null_mut(),
+                    &mut fid,
+                    ptr::null_mut(),
+                )
+            }
+        })?;
+        let fid = NonNull::new(fid).ok_or(Error::NOMEM)?;
+        let ep = Endpoint {
+            fid,
+            domain: Arc::clone(&self.domain),
+            bound: Mutex::new(Vec::new()),
+        };
+        ep.keep(Bound::Parent(Arc::clone(self)));
+        Ok(ep)
     }
 
     pub fn domain(&self) -> &Arc<Domain> {

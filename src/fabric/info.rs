@@ -296,6 +296,14 @@ impl Hints {
         let set = self.domain_attr().map(|a| a.cq_data_size = size);
         self.done(set)
     }
+    /// `ep_attr->tx_ctx_cnt` and `rx_ctx_cnt`: the contexts of a scalable endpoint.
+    pub fn ctx_cnt(mut self, n: usize) -> Self {
+        let set = self.ep_attr().map(|a| {
+            a.tx_ctx_cnt = n;
+            a.rx_ctx_cnt = n;
+        });
+        self.done(set)
+    }
     /// `tx_attr->inject_size`: the minimum inject size required.
     pub fn inject_size(mut self, size: usize) -> Self {
         let set = self.tx_attr().map(|a| a.inject_size = size);
@@ -309,6 +317,12 @@ impl Hints {
     /// `rx_attr->size`: receive queue depth.
     pub fn rx_size(mut self, size: usize) -> Self {
         let set = self.rx_attr().map(|a| a.size = size);
+        self.done(set)
+    }
+    /// `rx_attr->total_buffered_recv`: room the provider keeps for messages that
+    /// arrive before their receive (a hint most providers ignore or cap).
+    pub fn total_buffered_recv(mut self, bytes: usize) -> Self {
+        let set = self.rx_attr().map(|a| a.total_buffered_recv = bytes);
         self.done(set)
     }
     /// `tx_attr->msg_order` and `rx_attr->msg_order` (`FI_ORDER_SAS`, ...).
@@ -637,6 +651,12 @@ impl<'a> InfoRef<'a> {
     }
     pub fn tx_ctx_cnt(&self) -> usize {
         self.ep().map_or(0, |e| e.tx_ctx_cnt)
+    }
+    /// `domain_attr->max_ep_tx_ctx` and `max_ep_rx_ctx`, the smaller: how many
+    /// contexts a scalable endpoint can have (1: no scalable endpoints).
+    pub fn max_ep_ctx(&self) -> usize {
+        self.dom()
+            .map_or(0, |d| d.max_ep_tx_ctx.min(d.max_ep_rx_ctx))
     }
     pub fn rx_ctx_cnt(&self) -> usize {
         self.ep().map_or(0, |e| e.rx_ctx_cnt)

@@ -28,8 +28,13 @@ pub use crate::common::sync::MaybeLock;
 
 /// The per-process MTL state the data path reads. Built by `setup.rs`.
 pub struct Mtl {
+    /// The regular endpoint, or transmit/receive context 0 of the scalable one.
     pub ep: *mut fi::fid_ep,
-    pub cq: *mut fi::fid_cq,
+    /// Transmit/receive contexts and their CQs: one entry, the regular endpoint (`tx`
+    /// and `rx` both `ep`), unless `mtl_ofi_enable_sep` opened a scalable endpoint.
+    pub ctxs: Box<[Ctx]>,
+    /// `rx_ctx_bits` of the AV (0 without a scalable endpoint).
+    pub rx_ctx_bits: u32,
     pub layout: TagLayout,
     pub inject_size: usize,
     /// `FI_DIRECTED_RECV` is in effect: named-source receives pass the source address.
@@ -55,6 +60,42 @@ pub struct Mtl {
     pub(super) deferred_sends: Mutex<VecDeque<PendingSend>>,
     pub has_deferred_sends: std::sync::atomic::AtomicBool,
     pub has_deferred: std::sync::atomic::AtomicBool,
+}
+
+/// One transmit/receive context pair and the CQ both report to.
+#[derive(Clone, Copy)]
+pub struct Ctx {
+    pub tx: *mut fi::fid_ep,
+    pub rx: *mut fi::fid_ep,
+    pub cq: *mut fi::fid_cq,
+}
+
+impl Mtl {
+    /// The context of communicator `cid`: `cid % contexts`, the same in every process
+    /// (communicator ids are agreed by their members), so the sender addresses the
+    /// receive context the receiver posts on. The C MTL numbers contexts in each
+    /// process's order of communicator creation, which differs between processes
+    /// that create different communicators.
+    #[inline(always)]
+    pub fn ctx(&self, cid: u32) -> &Ctx {
+        if self.ctxs.len() == 1 {
+            &self.ctxs[0]
+        } else {
+            &self.ctxs[cid as usize % self.ctxs.len()]
+        }
+    }
+
+    /// `fi_rx_addr(addr, context of cid, rx_ctx_bits)`: the peer's receive context
+    /// for communicator `cid`.
+    #[inline(always)]
+    pub fn rx_addr(&self, addr: u64, cid: u32) -> u64 {
+        if self.rx_ctx_bits == 0 || addr == FI_ADDR_UNSPEC {
+            addr
+        } else {
+            let idx = (cid as usize % self.ctxs.len()) as u64;
+            addr | (idx << (64 - self.rx_ctx_bits))
+        }
+    }
 }
 
 /// Receives waiting for room in the provider's queue, in MPI order within each class
@@ -207,6 +248,9 @@ pub struct Counters {
     pub eagain: AtomicU64,
     /// Received messages whose envelope failed [`TagLayout::decode`].
     pub bad_envelopes: AtomicU64,
+    /// Completions read from each context's CQ, counted only with several contexts
+    /// (a scalable endpoint with thread grouping).
+    pub per_ctx: Box<[AtomicU64]>,
 }
 
 // SAFETY: the raw fid pointers are only used under `lock` when the provider's
@@ -626,23 +670,37 @@ fn progress_cq(m: &Mtl) -> usize {
         },
         None => None,
     };
+    if m.ctxs.len() == 1 {
+        return progress_one_cq(m, m.ctxs[0].cq, m.events_per_progress);
+    }
+    let mut total = 0usize;
+    for (c, count) in m.ctxs.iter().zip(m.counters.per_ctx.iter()) {
+        let n = progress_one_cq(m, c.cq, m.events_per_progress.saturating_sub(total).max(1));
+        if n > 0 {
+            count.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        total += n;
+    }
+    total
+}
+
+/// Read and dispatch up to `budget` completions of `cq`.
+fn progress_one_cq(m: &Mtl, cq: *mut fi::fid_cq, budget: usize) -> usize {
     const CHUNK: usize = 32;
     let mut total = 0usize;
     loop {
         let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
-        let want = CHUNK
-            .min(m.events_per_progress.saturating_sub(total))
-            .max(1);
+        let want = CHUNK.min(budget.saturating_sub(total)).max(1);
         let (n, err) = {
             let _g = m.lock.lock();
             // SAFETY: the CQ is open; entries has room for `want` tagged entries.
-            let ret = unsafe { fi::fi_cq_read(m.cq, entries.as_mut_ptr() as *mut c_void, want) };
+            let ret = unsafe { fi::fi_cq_read(cq, entries.as_mut_ptr() as *mut c_void, want) };
             if ret == -(fi::FI_EAVAIL as isize) {
                 // SAFETY: zeroed is a valid fi_cq_err_entry; err_data stays null so the
                 // provider gives its own buffer.
                 let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
                 // SAFETY: CQ open, e valid.
-                let r = unsafe { fi::fi_cq_readerr(m.cq, &mut e, 0) };
+                let r = unsafe { fi::fi_cq_readerr(cq, &mut e, 0) };
                 (0, if r >= 0 { Some(e) } else { None })
             } else if ret < 0 {
                 if ret != -(fi::FI_EAGAIN as isize) {
@@ -668,7 +726,7 @@ fn progress_cq(m: &Mtl) -> usize {
             unsafe { on_error(m, &e) };
             continue;
         }
-        if n < want || total >= m.events_per_progress {
+        if n < want || total >= budget {
             return total;
         }
     }
@@ -750,15 +808,7 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
             // SAFETY: r is a live receive.
             unsafe {
                 rx_leave(m, r);
-                recv_done(
-                    m,
-                    r,
-                    e.tag,
-                    e.data,
-                    e.len,
-                    e.flags,
-                    sys::MPI_SUCCESS as c_int,
-                )
+                recv_done(m, r, e.tag, e.data, e.len, true, sys::MPI_SUCCESS as c_int)
             };
         }
         Kind::Claim => {
@@ -809,6 +859,13 @@ pub(super) unsafe fn finish_part(r: *mut Request) {
     }
 }
 
+/// Complete receive `r` with the message of `tag`/`data` (remote CQ data), `len`
+/// bytes long. `ack`: acknowledge a synchronous send (the provider matched it; false
+/// where software matching acknowledges itself or the message was not delivered).
+/// The data word is read whether or not the completion carries FI_REMOTE_CQ_DATA,
+/// as the C MTL does: sockets leaves the flag off on some completions (always when
+/// the word sent was 0, i.e. from rank 0 with synchronous-send id 0).
+///
 /// # Safety
 /// `r` must be a live receive request.
 pub(super) unsafe fn recv_done(
@@ -817,7 +874,7 @@ pub(super) unsafe fn recv_done(
     tag: u64,
     data: u64,
     len: usize,
-    flags: u64,
+    ack: bool,
     error: c_int,
 ) {
     // SAFETY: forwarded.
@@ -848,7 +905,7 @@ pub(super) unsafe fn recv_done(
             error
         };
         (*r).status.count = len.min((*r).length);
-        if env.proto == Proto::Sync && flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+        if env.proto == Proto::Sync && ack {
             send_ack(m, (*r).comm, env.source, env.sync_id);
         }
         if (*r).owns_buffer {
@@ -871,9 +928,11 @@ fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32
         }
     };
     let tag = m.layout.ack_tag(id);
+    let cid = comm_cid(comm);
+    let (tx, addr) = (m.ctx(cid).tx, m.rx_addr(addr, cid));
     let ret = retry(m, || {
         // SAFETY: a zero-byte inject carries no buffer; the endpoint is open.
-        unsafe { fi::fi_tinject(m.ep, ptr::null(), 0, addr, tag) }
+        unsafe { fi::fi_tinject(tx, ptr::null(), 0, addr, tag) }
     });
     if ret < 0 {
         log::error!(
@@ -923,7 +982,7 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                     e.tag,
                     e.data,
                     len,
-                    e.flags | fi::FI_REMOTE_CQ_DATA as u64,
+                    true,
                     sys::MPI_ERR_TRUNCATE as c_int,
                 );
             }
@@ -979,7 +1038,15 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                     Kind::SmRead => {
                         (*r).kind = Kind::Recv;
                         let hdr = (*r).sm_hdr;
-                        recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int);
+                        recv_done(
+                            m,
+                            r,
+                            hdr.bits,
+                            hdr.data,
+                            0,
+                            false,
+                            sys::MPI_ERR_INTERN as c_int,
+                        );
                     }
                 }
             }
@@ -995,6 +1062,8 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
 pub(super) struct PendingSend {
     /// The request whose completion the send produces (0 for an inject).
     req: usize,
+    /// The transmit context, and the peer's address (its receive context's).
+    tx: *mut fi::fid_ep,
     addr: u64,
     buf: *const u8,
     len: usize,
@@ -1012,7 +1081,7 @@ unsafe impl Send for PendingSend {}
 
 impl PendingSend {
     /// One attempt. The caller holds `m.lock`.
-    fn issue(&self, m: &Mtl) -> isize {
+    fn issue(&self) -> isize {
         let (buf, len) = match &self.copy {
             Some(c) => (c.as_ptr(), c.len()),
             None => (self.buf, self.len),
@@ -1022,8 +1091,8 @@ impl PendingSend {
             // SAFETY: inject copies the data before returning.
             unsafe {
                 match self.cqd {
-                    Some(d) => fi::fi_tinjectdata(m.ep, buf, len, d, self.addr, self.bits),
-                    None => fi::fi_tinject(m.ep, buf, len, self.addr, self.bits),
+                    Some(d) => fi::fi_tinjectdata(self.tx, buf, len, d, self.addr, self.bits),
+                    None => fi::fi_tinject(self.tx, buf, len, self.addr, self.bits),
                 }
             }
         } else {
@@ -1033,7 +1102,7 @@ impl PendingSend {
                 let ctx = (*(self.req as *mut Request)).ctx_ptr();
                 match self.cqd {
                     Some(d) => fi::fi_tsenddata(
-                        m.ep,
+                        self.tx,
                         buf,
                         len,
                         ptr::null_mut(),
@@ -1042,9 +1111,15 @@ impl PendingSend {
                         self.bits,
                         ctx,
                     ),
-                    None => {
-                        fi::fi_tsend(m.ep, buf, len, ptr::null_mut(), self.addr, self.bits, ctx)
-                    }
+                    None => fi::fi_tsend(
+                        self.tx,
+                        buf,
+                        len,
+                        ptr::null_mut(),
+                        self.addr,
+                        self.bits,
+                        ctx,
+                    ),
                 }
             }
         }
@@ -1062,7 +1137,7 @@ fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
         if !m.has_deferred_sends.load(Ordering::Acquire) {
             let ret = {
                 let _g = m.lock.lock();
-                p.issue(m)
+                p.issue()
             };
             if ret != -(fi::FI_EAGAIN as isize) {
                 return if ret < 0 {
@@ -1083,7 +1158,7 @@ fn send_or_defer(m: &Mtl, mut p: PendingSend, may_defer: bool) -> c_int {
         return sys::OMPI_SUCCESS;
     }
     wait_until(m, || !m.has_deferred_sends.load(Ordering::Acquire));
-    let ret = retry(m, || p.issue(m));
+    let ret = retry(m, || p.issue());
     if ret < 0 {
         fi_to_ompi(ret)
     } else {
@@ -1097,7 +1172,7 @@ fn post_deferred_sends(m: &Mtl) {
     while let Some(p) = q.front() {
         let ret = {
             let _g = m.lock.lock();
-            p.issue(m)
+            p.issue()
         };
         if ret == -(fi::FI_EAGAIN as isize) {
             return;
@@ -1141,7 +1216,8 @@ fn post_send(
     let cid = comm_cid(comm);
     let mut p = PendingSend {
         req: r as usize,
-        addr,
+        tx: m.ctx(cid).tx,
+        addr: m.rx_addr(addr, cid),
         buf: data.ptr,
         len: data.len,
         bits: l.send_tag(cid, me, tag, Proto::Plain),
@@ -1157,11 +1233,12 @@ fn post_send(
         let ack_tag = l.ack_tag(id);
         // SAFETY: r is live; two completions are expected from here on.
         unsafe { (*r).pending.store(2, Ordering::Release) };
+        let rx = m.ctx(cid).rx;
         let ret = retry(m, || {
             // SAFETY: zero-byte receive; ctx lives in a leaked Box until completion.
             unsafe {
                 fi::fi_trecv(
-                    m.ep,
+                    rx,
                     ptr::null_mut(),
                     0,
                     ptr::null_mut(),
@@ -1200,12 +1277,14 @@ fn inject(
 ) -> c_int {
     let l = &m.layout;
     let me = comm_rank(comm);
+    let cid = comm_cid(comm);
     let p = PendingSend {
         req: 0,
-        addr,
+        tx: m.ctx(cid).tx,
+        addr: m.rx_addr(addr, cid),
         buf: data.ptr,
         len: data.len,
-        bits: l.send_tag(comm_cid(comm), me, tag, Proto::Plain),
+        bits: l.send_tag(cid, me, tag, Proto::Plain),
         cqd: l.source_in_data().then(|| l.cq_data(me, 0)),
         copy: None,
     };
@@ -1458,7 +1537,7 @@ fn irecv_impl(
 /// (`matched_tag`/`matched_data`) are set; the caller holds `m.lock`.
 unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
     // SAFETY: forwarded.
-    let (buf, len, addr, bits, ignore, ctx) = unsafe {
+    let (buf, len, addr, bits, ignore, ctx, cid) = unsafe {
         (
             (*r).buffer,
             (*r).length,
@@ -1466,14 +1545,16 @@ unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
             (*r).matched_tag,
             (*r).matched_data,
             (*r).ctx_ptr(),
+            comm_cid((*r).comm),
         )
     };
+    let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
     if m.overflow.is_null() {
         // SAFETY: buf is valid for len bytes until the receive completes (user memory
         // the PML keeps alive, or our buffer freed at completion).
         unsafe {
             fi::fi_trecv(
-                m.ep,
+                rx,
                 buf as *mut c_void,
                 len,
                 ptr::null_mut(),
@@ -1498,7 +1579,7 @@ unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
         // provider copies the iov array before returning.
         unsafe {
             fi::fi_trecvv(
-                m.ep,
+                rx,
                 iov.as_ptr(),
                 ptr::null_mut(),
                 2,
@@ -1575,7 +1656,9 @@ fn peek(
     if src != sys::MPI_ANY_SOURCE && m.directed {
         addr = peer_addr(comm, src)?;
     }
-    let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+    let cid = comm_cid(comm);
+    let (bits, ignore) = m.layout.recv_bits(cid, src, tag);
+    let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
     let mut r = Request::internal(Kind::Probe, comm);
     r.pending.store(1, Ordering::Release);
     let msg = fi::fi_msg_tagged {
@@ -1590,7 +1673,7 @@ fn peek(
     };
     let ret = retry(m, || {
         // SAFETY: a peek transfers no data; msg and r outlive the wait below.
-        unsafe { fi::fi_trecvmsg(m.ep, &msg, fi::FI_PEEK as u64) }
+        unsafe { fi::fi_trecvmsg(rx, &msg, fi::FI_PEEK as u64) }
     });
     if ret < 0 {
         return Err(fi_to_ompi(ret));
@@ -1728,11 +1811,13 @@ fn improbe_impl(
     req.owns_buffer = !buf.is_null();
     req.pending.store(1, Ordering::Release);
     let ctx = req.ctx_ptr();
+    let cid = comm_cid(comm);
+    let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
     let ret = retry(m, || {
         // SAFETY: buf holds len bytes until the claim completes (we wait below).
         unsafe {
             fi::fi_trecv(
-                m.ep,
+                rx,
                 buf as *mut c_void,
                 len,
                 ptr::null_mut(),
@@ -1939,12 +2024,12 @@ fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
         return sys::OMPI_SUCCESS;
     }
     // SAFETY: r is live.
-    let ctx = unsafe { (*r).ctx_ptr() };
+    let (ctx, rx) = unsafe { ((*r).ctx_ptr(), m.ctx(comm_cid((*r).comm)).rx) };
     let ret = {
         let _g = m.lock.lock();
         // SAFETY: the endpoint is open; ctx is the context of a posted receive (or of
         // one that already completed, which fi_cancel ignores).
-        unsafe { fi::fi_cancel(&mut (*m.ep).fid, ctx) }
+        unsafe { fi::fi_cancel(&mut (*rx).fid, ctx) }
     };
     if ret != 0 {
         // SAFETY: as above.

@@ -21,8 +21,10 @@ use std::sync::{Arc, Mutex};
 /// The libfabric objects of the MTL, dropped (closed) at finalize: endpoint first,
 /// then CQ and AV, then the shared domain.
 struct Resources {
-    _ep: Endpoint,
-    _cq: Arc<CompletionQueue>,
+    /// The endpoint, or a scalable endpoint's contexts (each keeps the scalable
+    /// endpoint open); closed before the CQs.
+    _eps: Vec<Endpoint>,
+    _cqs: Vec<Arc<CompletionQueue>>,
     av: Arc<AddressVector>,
     _domain: DomainHandle,
     peers: Vec<*mut sys::ompi_proc_t>,
@@ -107,13 +109,14 @@ pub fn init_module(
         4 => Some(TagMode::Full),
         _ => None,
     };
-    if param(idx::ENABLE_SEP) != 0 || param(idx::NUM_CTXTS) > 1 || param(idx::THREAD_GROUPING) != 0
-    {
+    let mut want_sep = param(idx::ENABLE_SEP) != 0;
+    let mut grouping = param(idx::THREAD_GROUPING) != 0;
+    if grouping && !want_sep {
         log::warn!(
-            "mtl_ofi_enable_sep, mtl_ofi_num_ctxts and mtl_ofi_thread_grouping are accepted for \
-             compatibility, but this MTL always uses one regular endpoint (scalable endpoints are \
-             not implemented); the values are ignored"
+            "mtl_ofi_thread_grouping=1 needs a scalable endpoint (mtl_ofi_enable_sep=1); \
+             ignored, one regular endpoint is used"
         );
+        grouping = false;
     }
     let av_type = if param(idx::AV) == 2 {
         fi::FI_AV_TABLE
@@ -213,6 +216,9 @@ pub fn init_module(
         if deep {
             h = h.rx_size(RX_QUEUE);
         }
+        if quirks.unexpected_unbuffered {
+            h = h.total_buffered_recv(common::quirks::UNEXPECTED_BUFFER);
+        }
         common::open_domain(DomainRequest {
             component: "mtl",
             hints: h,
@@ -231,7 +237,11 @@ pub fn init_module(
                 "provider {name} does not accept {RX_QUEUE} posted receives: a program that posts more \
                  receives than its queue holds before the matching sends can deadlock"
             );
-            domain
+            if quirks.unexpected_unbuffered {
+                refine(false).unwrap_or(domain)
+            } else {
+                domain
+            }
         }
     };
     let soft = want_soft;
@@ -289,24 +299,116 @@ pub fn init_module(
 
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = domain.domain().clone();
-    let cq = CompletionQueue::open(
-        &dom,
-        &CqAttr {
-            size: 0,
-            ..Default::default()
-        },
-    )
-    .map_err(|x| e("fi_cq_open", x))?;
+    // Scalable endpoint: as many contexts as asked, within the provider's limit shared
+    // by the ranks of this node (as the C MTL provisions them).
+    let max_ctx = info.max_ep_ctx() / (local_peers.max(0) as usize + 1);
+    if want_sep && soft {
+        log::warn!(
+            "mtl_ofi_enable_sep=1: not with software matching (provider {provider}); \
+             one regular endpoint is used"
+        );
+        want_sep = false;
+    } else if want_sep && info.max_ep_ctx() < 2 {
+        log::warn!(
+            "mtl_ofi_enable_sep=1: provider {provider} offers no scalable endpoints (at most {} \
+             transmit/receive contexts per endpoint); one regular endpoint is used",
+            info.max_ep_ctx()
+        );
+        want_sep = false;
+    }
+    let nctx = if !want_sep {
+        if param(idx::NUM_CTXTS) > 1 && param(idx::ENABLE_SEP) == 0 {
+            log::warn!("mtl_ofi_num_ctxts applies only with mtl_ofi_enable_sep=1; ignored");
+        }
+        1
+    } else {
+        let asked = param(idx::NUM_CTXTS).max(1) as usize;
+        let max = max_ctx.max(1);
+        if asked > max {
+            log::warn!(
+                "mtl_ofi_num_ctxts={asked}: provider {provider} offers {} contexts per endpoint, \
+                 {max} for each of the {} ranks on this node; using {max}",
+                info.max_ep_ctx(),
+                local_peers + 1
+            );
+        }
+        asked.min(max)
+    };
+    // Without thread grouping only context 0 carries traffic (as in the C MTL).
+    let used = if grouping { nctx } else { 1 };
+    let rx_ctx_bits = if want_sep {
+        (usize::BITS - nctx.leading_zeros()) as i32
+    } else {
+        0
+    };
     let av = AddressVector::open(
         &dom,
         &AvAttr {
             av_type,
-            count: world.max(1) as usize,
+            count: world.max(1) as usize * nctx,
+            rx_ctx_bits,
         },
     )
     .map_err(|x| e("fi_av_open", x))?;
-    let ep = crate::common::endpoint::open_enabled(&dom, domain.info(), &cq, &av)?;
-    let name = ep.getname().map_err(|x| e("fi_getname", x))?;
+    let open_cq = || {
+        CompletionQueue::open(
+            &dom,
+            &CqAttr {
+                size: 0,
+                ..Default::default()
+            },
+        )
+        .map_err(|x| e("fi_cq_open", x))
+    };
+    let mut eps = Vec::new();
+    let mut cqs = Vec::new();
+    let mut ctxs = Vec::new();
+    let name;
+    if want_sep {
+        let h = Hints::from_info(domain.info())
+            .map_err(|x| e("fi_dupinfo", x))?
+            .ctx_cnt(nctx);
+        if let Some(x) = h.error() {
+            return Err(e("setting the context counts", x));
+        }
+        let sep =
+            Arc::new(Endpoint::open_scalable(&dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
+        sep.bind_av(&av)
+            .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
+        sep.enable()
+            .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
+        name = sep.getname().map_err(|x| e("fi_getname", x))?;
+        for i in 0..used {
+            let cq = open_cq()?;
+            let tx = sep.tx_context(i).map_err(|x| e("fi_tx_context", x))?;
+            let rx = sep.rx_context(i).map_err(|x| e("fi_rx_context", x))?;
+            tx.bind_cq(&cq, fi::FI_TRANSMIT as u64)
+                .map_err(|x| e("fi_ep_bind(tx context, cq)", x))?;
+            rx.bind_cq(&cq, fi::FI_RECV as u64)
+                .map_err(|x| e("fi_ep_bind(rx context, cq)", x))?;
+            tx.enable().map_err(|x| e("fi_enable(tx context)", x))?;
+            rx.enable().map_err(|x| e("fi_enable(rx context)", x))?;
+            ctxs.push(datapath::Ctx {
+                tx: tx.as_ptr(),
+                rx: rx.as_ptr(),
+                cq: cq.as_ptr(),
+            });
+            eps.push(tx);
+            eps.push(rx);
+            cqs.push(cq);
+        }
+    } else {
+        let cq = open_cq()?;
+        let ep = crate::common::endpoint::open_enabled(&dom, domain.info(), &cq, &av)?;
+        name = ep.getname().map_err(|x| e("fi_getname", x))?;
+        ctxs.push(datapath::Ctx {
+            tx: ep.as_ptr(),
+            rx: ep.as_ptr(),
+            cq: cq.as_ptr(),
+        });
+        eps.push(ep);
+        cqs.push(cq);
+    }
     modex::send(super::component::component(), &name)
         .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
 
@@ -318,8 +420,9 @@ pub fn init_module(
     };
     let events = param(idx::PROGRESS_EVENT_CNT).max(1) as usize;
     let state = Box::new(Mtl {
-        ep: ep.as_ptr(),
-        cq: cq.as_ptr(),
+        ep: ctxs[0].tx,
+        ctxs: ctxs.into_boxed_slice(),
+        rx_ctx_bits: rx_ctx_bits as u32,
         layout,
         inject_size,
         // Only the full layout needs directed receives (the source is not in the tag);
@@ -330,7 +433,12 @@ pub fn init_module(
         overflow,
         overflow_len,
         sync_ids: AtomicU32::new(0),
-        counters: Default::default(),
+        counters: datapath::Counters {
+            per_ctx: (0..if used > 1 { used } else { 0 })
+                .map(|_| Default::default())
+                .collect(),
+            ..Default::default()
+        },
         soft: None,
         deferred: Default::default(),
         rx,
@@ -362,8 +470,8 @@ pub fn init_module(
         state.soft = Some(sm);
     }
     *lock(&RESOURCES) = Some(Resources {
-        _ep: ep,
-        _cq: cq,
+        _eps: eps,
+        _cqs: cqs,
         av,
         _domain: domain,
         peers: Vec::new(),
@@ -410,6 +518,16 @@ pub fn init_module(
             ""
         }
     );
+    if want_sep {
+        log::info!(
+            "provider {provider}: scalable endpoint with {nctx} contexts, {}",
+            if grouping {
+                format!("{used} in use, communicator id modulo {used} picks one (mtl_ofi_thread_grouping)")
+            } else {
+                "context 0 carries all traffic (mtl_ofi_thread_grouping=0)".to_string()
+            }
+        );
+    }
     Ok(m)
 }
 
@@ -600,5 +718,13 @@ pub fn finalize() {
                     .as_ref()
                     .map_or(0, |sm| sm.rejected.load(Ordering::Relaxed))
         );
+        if !c.per_ctx.is_empty() {
+            let counts: Vec<u64> = c
+                .per_ctx
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect();
+            log::info!("completions per scalable-endpoint context: {counts:?}");
+        }
     }
 }

@@ -535,7 +535,15 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
             // is not told (it is not a peer we can name).
             // SAFETY: r is live.
             unsafe {
-                datapath::recv_done(m, r, hdr.bits, hdr.data, 0, 0, sys::MPI_ERR_INTERN as c_int)
+                datapath::recv_done(
+                    m,
+                    r,
+                    hdr.bits,
+                    hdr.data,
+                    0,
+                    false,
+                    sys::MPI_ERR_INTERN as c_int,
+                )
             };
             return;
         }
@@ -561,7 +569,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                     hdr.bits,
                     hdr.data,
                     bytes.len(),
-                    0,
+                    false,
                     sys::MPI_SUCCESS as c_int,
                 )
             };
@@ -581,7 +589,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                         hdr.bits,
                         hdr.data,
                         hdr.len as usize,
-                        0,
+                        false,
                         sys::MPI_SUCCESS as c_int,
                     )
                 };
@@ -619,7 +627,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                         hdr.bits,
                         hdr.data,
                         0,
-                        0,
+                        false,
                         sys::MPI_ERR_INTERN as c_int,
                     )
                 };
@@ -646,7 +654,7 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
             hdr.bits,
             hdr.data,
             hdr.len as usize,
-            0,
+            false,
             sys::MPI_SUCCESS as c_int,
         )
     };
