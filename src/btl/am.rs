@@ -156,6 +156,8 @@ pub struct Frag {
 #[repr(C)]
 pub struct RecvBuf {
     pub ctx: Ctx,
+    /// The receive context it is posted on (index into the module's contexts).
+    pub cx: usize,
     pub buf: *mut u8,
     pub cap: usize,
     pub mr: Option<MemoryRegion>,
@@ -269,7 +271,7 @@ pub unsafe fn free_recv_buf(b: *mut RecvBuf) {
     }
 }
 
-/// Post `n` receive buffers.
+/// Post `n` receive buffers on each receive context.
 ///
 /// # Safety
 /// `mp` is a live module.
@@ -277,7 +279,7 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
     // SAFETY: caller's contract.
     let st = unsafe { &(*mp).st };
     let cap = HDR + st.frag_payload;
-    for _ in 0..n {
+    for cx in (0..st.ctxs.len()).flat_map(|cx| std::iter::repeat_n(cx, n)) {
         // SAFETY: plain allocation, checked.
         let buf = unsafe { libc::malloc(cap) } as *mut u8;
         if buf.is_null() {
@@ -298,6 +300,7 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
         };
         let rb = Box::into_raw(Box::new(RecvBuf {
             ctx: Ctx::new(Kind::Recv),
+            cx,
             buf,
             cap,
             mr,
@@ -322,7 +325,11 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     loop {
         // SAFETY: the buffer and context live until the completion is reaped (or the
         // endpoint closes, before the buffer is freed).
-        let ret = st.fi(|| unsafe { st.ep.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx) });
+        let ret = st.fi(|| unsafe {
+            st.ctxs[r.cx]
+                .rx
+                .recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
+        });
         match ret {
             Err(Error::AGAIN) => {
                 // Receives are only refused for lack of resources: reap some.
@@ -475,13 +482,16 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
     let dest = unsafe { (*fr.endpoint).addr };
     if len <= st.inject_size {
         // SAFETY: the buffer is valid for len bytes during the call.
-        st.fi(|| unsafe { st.ep.inject(fr.buf as *const c_void, len, dest) })?;
+        st.fi(|| unsafe { st.tx().inject(fr.buf as *const c_void, len, st.to(dest)) })?;
         return Ok(true);
     }
     let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
     let ctx = &mut fr.ctx as *mut Ctx as *mut c_void;
     // SAFETY: the fragment (buffer and context) stays ours until the completion.
-    st.fi(|| unsafe { st.ep.send(fr.buf as *const c_void, len, desc, dest, ctx) })?;
+    st.fi(|| unsafe {
+        st.tx()
+            .send(fr.buf as *const c_void, len, desc, st.to(dest), ctx)
+    })?;
     st.send_outstanding.fetch_add(1, Ordering::AcqRel);
     Ok(false)
 }
@@ -745,7 +755,8 @@ pub(crate) extern "C" fn btl_sendi(
             // SAFETY: endpoint came from add_procs.
             let dest = unsafe { (*(ep as *mut PeerEp)).addr };
             // SAFETY: the first HDR + total bytes of b are written; inject copies them.
-            match st.fi(|| unsafe { st.ep.inject(b as *const c_void, HDR + total, dest) }) {
+            match st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
+            {
                 Ok(()) => return sys::OPAL_SUCCESS,
                 Err(Error::AGAIN) => {
                     // Already packed: queue a fragment holding the same bytes, sent in

@@ -55,8 +55,18 @@ pub struct Module {
 
 /// Everything the data paths need.
 pub struct State {
+    /// The regular endpoint, or the scalable endpoint whose contexts are `ctxs`
+    /// (memory regions bind to it under `FI_MR_ENDPOINT`).
     pub ep: Arc<Endpoint>,
-    pub cq: Arc<CompletionQueue>,
+    /// Transmit/receive context pairs, each with the CQ both report to: one pair (the
+    /// endpoint itself) unless a scalable endpoint was opened
+    /// (`btl_ofi_num_contexts_per_module`). Dropped before `ep`'s last reference.
+    pub ctxs: Box<[Context]>,
+    /// `rx_ctx_bits` of the AV: a thread on context `i` sends to the peer's receive
+    /// context `i` (0 without a scalable endpoint).
+    pub rx_ctx_bits: u32,
+    /// Completions read from each context's CQ (counted with several contexts only).
+    pub per_ctx: Box<[AtomicU64]>,
     pub av: Arc<AddressVector>,
     pub fi_lock: MaybeLock,
     pub provider: String,
@@ -110,6 +120,31 @@ pub struct State {
     pub domain: Option<DomainHandle>,
 }
 
+/// One transmit/receive context pair and its CQ (both the regular endpoint itself when
+/// there is no scalable endpoint).
+pub struct Context {
+    pub tx: Arc<Endpoint>,
+    pub rx: Arc<Endpoint>,
+    pub cq: Arc<CompletionQueue>,
+}
+
+/// This thread's number, handed out in order of first use: a thread keeps its context
+/// (`number % contexts`), so its operations to one peer stay in order, and threads
+/// spread over the contexts round robin (as the C BTL's thread-local choice).
+fn thread_number() -> usize {
+    use std::cell::Cell;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    NUMBER.with(|n| {
+        if n.get() == usize::MAX {
+            n.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        n.get()
+    })
+}
+
 // SAFETY: the raw pointers (fragments, receive buffers, peers) are owned by the module
 // and only touched under the mutexes above or by the single owner of an operation;
 // libfabric calls are serialised by `fi_lock` below FI_THREAD_SAFE (see module docs).
@@ -118,6 +153,33 @@ unsafe impl Send for State {}
 unsafe impl Sync for State {}
 
 impl State {
+    /// This thread's context index.
+    #[inline(always)]
+    fn ctx_index(&self) -> usize {
+        if self.ctxs.len() == 1 {
+            0
+        } else {
+            thread_number() % self.ctxs.len()
+        }
+    }
+
+    /// The transmit context of this thread.
+    #[inline(always)]
+    pub fn tx(&self) -> &Endpoint {
+        &self.ctxs[self.ctx_index()].tx
+    }
+
+    /// `addr` (a peer's AV address) aimed at the peer's receive context that pairs
+    /// with this thread's transmit context ([`State::tx`]).
+    #[inline(always)]
+    pub fn to(&self, addr: fi::fi_addr_t) -> fi::fi_addr_t {
+        if self.rx_ctx_bits == 0 {
+            addr
+        } else {
+            addr | ((self.ctx_index() as u64) << (64 - self.rx_ctx_bits))
+        }
+    }
+
     /// Register `[base, base + len)` for this module's access rights, binding it to the
     /// endpoint when the provider wants `FI_MR_ENDPOINT`.
     ///
@@ -397,12 +459,13 @@ pub fn init(
     if two_sided && rd_num < 1 {
         return Err(format!("btl_ofi_rd_num={rd_num}: must be at least 1"));
     }
-    if param(idx::NUM_CONTEXTS_PER_MODULE) > 1 && param(idx::DISABLE_SEP) == 0 {
+    let mut contexts = param(idx::NUM_CONTEXTS_PER_MODULE).max(1) as usize;
+    if contexts > 1 && param(idx::DISABLE_SEP) != 0 {
         log::warn!(
-            "btl_ofi_num_contexts_per_module={} asks for a scalable endpoint; this BTL uses one \
-             regular endpoint per module (scalable endpoints are not implemented), so one context is used",
-            param(idx::NUM_CONTEXTS_PER_MODULE)
+            "btl_ofi_num_contexts_per_module={contexts} needs a scalable endpoint, which \
+             btl_ofi_disable_sep=1 forbids: one context is used"
         );
+        contexts = 1;
     }
     let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
 
@@ -415,6 +478,8 @@ pub fn init(
     };
     let all_local = world > 0 && local_peers as u64 + 1 >= world as u64;
     let cfg = Config {
+        contexts,
+        local_ranks: local_peers.max(0) as usize + 1,
         one_sided,
         two_sided,
         num_cq_read: num_cq_read as usize,
@@ -476,6 +541,10 @@ pub fn init(
 
 /// What every module of this process shares.
 struct Config {
+    /// Contexts asked for (`btl_ofi_num_contexts_per_module`, 1 under `disable_sep`).
+    contexts: usize,
+    /// Ranks of this job on this node (they share the provider's contexts).
+    local_ranks: usize,
     one_sided: bool,
     two_sided: bool,
     num_cq_read: usize,
@@ -494,6 +563,8 @@ fn is_shm(provider: &str) -> bool {
 /// its endpoint name (for the modex).
 fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), String> {
     let Config {
+        contexts,
+        local_ranks,
         one_sided,
         two_sided,
         num_cq_read,
@@ -585,13 +656,50 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     let mr_mode = info.mr_mode();
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = domain.domain().clone();
-    let cq = CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
+    // Contexts: a scalable endpoint when more than one is asked for and the provider
+    // has them, within its limit shared by the ranks of this node.
+    let nctx = if contexts <= 1 {
+        1
+    } else if info.max_ep_ctx() < 2 {
+        if role == Role::AllPeers {
+            log::warn!(
+                "btl_ofi_num_contexts_per_module={contexts}: provider {provider} offers no scalable \
+                 endpoints (at most {} transmit/receive contexts per endpoint); one context is used",
+                info.max_ep_ctx()
+            );
+        }
+        1
+    } else if mr_mode & fi::FI_MR_ENDPOINT != 0 {
+        log::warn!(
+            "btl_ofi_num_contexts_per_module={contexts}: provider {provider} binds memory \
+             regions to endpoints (FI_MR_ENDPOINT), which this BTL does not do for scalable \
+             endpoints; one context is used"
+        );
+        1
+    } else {
+        let max = (info.max_ep_ctx() / local_ranks.max(1)).max(1);
+        if contexts > max {
+            log::warn!(
+                "btl_ofi_num_contexts_per_module={contexts}: provider {provider} offers {} contexts \
+                 per endpoint, {max} for each of the {local_ranks} ranks on this node; using {max}",
+                info.max_ep_ctx()
+            );
+        }
+        contexts.min(max)
+    };
+    let rx_ctx_bits = if nctx > 1 {
+        (usize::BITS - nctx.leading_zeros()) as i32
+    } else {
+        0
+    };
+    let open_cq =
+        || CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x));
     let av = AddressVector::open(
         &dom,
         &AvAttr {
             av_type: fi::FI_AV_TABLE,
             count: world.max(1) as usize,
-            ..Default::default()
+            rx_ctx_bits,
         },
     )
     .or_else(|_| {
@@ -600,7 +708,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             &AvAttr {
                 av_type: fi::FI_AV_UNSPEC,
                 count: world.max(1) as usize,
-                ..Default::default()
+                rx_ctx_bits,
             },
         )
     })
@@ -612,8 +720,50 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     let ep_info = Hints::from_info(info)
         .map(|h| h.tx_op_flags(0))
         .map_err(|x| e("fi_dupinfo", x))?;
-    let ep = crate::common::endpoint::open_enabled(&dom, ep_info.info(), &cq, &av)?;
-    let ep = Arc::new(ep);
+    let (ep, ctxs) = if nctx > 1 {
+        let h = ep_info.ctx_cnt(nctx);
+        if let Some(x) = h.error() {
+            return Err(e("setting the context counts", x));
+        }
+        let sep =
+            Arc::new(Endpoint::open_scalable(&dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
+        sep.bind_av(&av)
+            .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
+        sep.enable()
+            .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
+        let mut ctxs = Vec::with_capacity(nctx);
+        for i in 0..nctx {
+            let cq = open_cq()?;
+            let tx = sep.tx_context(i).map_err(|x| e("fi_tx_context", x))?;
+            let rx = sep.rx_context(i).map_err(|x| e("fi_rx_context", x))?;
+            tx.bind_cq(&cq, fi::FI_TRANSMIT as u64)
+                .map_err(|x| e("fi_ep_bind(tx context, cq)", x))?;
+            rx.bind_cq(&cq, fi::FI_RECV as u64)
+                .map_err(|x| e("fi_ep_bind(rx context, cq)", x))?;
+            tx.enable().map_err(|x| e("fi_enable(tx context)", x))?;
+            rx.enable().map_err(|x| e("fi_enable(rx context)", x))?;
+            ctxs.push(Context {
+                tx: Arc::new(tx),
+                rx: Arc::new(rx),
+                cq,
+            });
+        }
+        (sep, ctxs)
+    } else {
+        let cq = open_cq()?;
+        let ep = Arc::new(crate::common::endpoint::open_enabled(
+            &dom,
+            ep_info.info(),
+            &cq,
+            &av,
+        )?);
+        let ctx = Context {
+            tx: Arc::clone(&ep),
+            rx: Arc::clone(&ep),
+            cq,
+        };
+        (ep, vec![ctx])
+    };
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
 
     let provider_atomics = if atomics {
@@ -787,7 +937,11 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         sup,
         st: State {
             ep,
-            cq,
+            ctxs: ctxs.into_boxed_slice(),
+            rx_ctx_bits: rx_ctx_bits as u32,
+            per_ctx: (0..if nctx > 1 { nctx } else { 0 })
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             av,
             fi_lock: MaybeLock::new(mpi_threads && domain.threading() != fi::FI_THREAD_SAFE),
             provider: provider.clone(),
@@ -868,6 +1022,12 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         },
         if all_local { ", local communication only" } else { "" },
     );
+    if nctx > 1 {
+        log::info!(
+            "provider {provider}: scalable endpoint with {nctx} contexts (each thread keeps one, \
+             round robin), {rd_num} receive buffers on each"
+        );
+    }
     Ok((mp, name))
 }
 
@@ -884,13 +1044,33 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     if st.has_pending.load(Ordering::Relaxed) {
         am::drain_pending(mp);
     }
+    if st.ctxs.len() == 1 {
+        total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
+    } else {
+        for (c, count) in st.ctxs.iter().zip(st.per_ctx.iter()) {
+            let n = progress_cq(mp, st, &c.cq, st.num_cq_read.saturating_sub(total).max(1));
+            if n > 0 {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            total += n;
+        }
+    }
+    if total > 0 && st.has_pending.load(Ordering::Relaxed) {
+        am::drain_pending(mp);
+    }
+    total
+}
+
+/// Read and dispatch up to `budget` completions of `cq`, one of the module's.
+fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize) -> usize {
+    let mut total = 0usize;
     const CHUNK: usize = 64;
     // Not cleared: the provider writes the entries it returns (a cleared array cost a
     // 2.5 KiB memset on every poll).
     let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
     loop {
-        let want = CHUNK.min(st.num_cq_read - total.min(st.num_cq_read)).max(1);
-        let r = st.fi(|| st.cq.read_uninit(&mut entries[..want]));
+        let want = CHUNK.min(budget - total.min(budget)).max(1);
+        let r = st.fi(|| cq.read_uninit(&mut entries[..want]));
         match r {
             Ok(done) => {
                 let n = done.len();
@@ -899,12 +1079,12 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
                     unsafe { dispatch(mp, e.op_context, e.len, 0) };
                 }
                 total += n;
-                if n < want || total >= st.num_cq_read {
+                if n < want || total >= budget {
                     break;
                 }
             }
             Err(err) if err == crate::fabric::Error::AVAIL => {
-                let entry = st.fi(|| st.cq.readerr());
+                let entry = st.fi(|| cq.readerr());
                 match entry {
                     Ok(Some(ce)) => {
                         st.cq_errors.fetch_add(1, Ordering::Relaxed);
@@ -913,7 +1093,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
                             log::debug!(
                                 "completion error on {}: {}",
                                 st.provider,
-                                st.cq.strerror(&ce)
+                                cq.strerror(&ce)
                             );
                         }
                         // SAFETY: as above.
@@ -930,9 +1110,6 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
                 break;
             }
         }
-    }
-    if total > 0 && st.has_pending.load(Ordering::Relaxed) {
-        am::drain_pending(mp);
     }
     total
 }
@@ -1167,6 +1344,14 @@ unsafe fn destroy(mp: *mut Module) {
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );
+    if !st.per_ctx.is_empty() {
+        let counts: Vec<u64> = st
+            .per_ctx
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        log::info!("completions per scalable-endpoint context: {counts:?}");
+    }
     // The endpoint first (it cancels the posted receives), then the memory behind them.
     let recv_bufs = std::mem::take(&mut *lock(&st.recv_bufs));
     let frags = std::mem::take(&mut *lock(&st.frags));
@@ -1174,10 +1359,16 @@ unsafe fn destroy(mp: *mut Module) {
     let peers = std::mem::take(&mut *lock(&st.peers));
     lock(&st.rcache).clear();
     let State {
-        ep, cq, av, domain, ..
+        ep,
+        ctxs,
+        av,
+        domain,
+        ..
     } = module.st;
+    // A scalable endpoint's contexts before the endpoint; CQs after what reports to
+    // them (each endpoint keeps its CQ alive).
+    drop(ctxs);
     drop(ep);
-    drop(cq);
     drop(av);
     for b in recv_bufs {
         // SAFETY: the endpoint is closed: no receive uses the buffer any more.

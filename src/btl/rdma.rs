@@ -275,6 +275,7 @@ fn run(
         )
     };
     let raddr = r.remote_address.wrapping_sub(rh.base);
+    let dest = st.to(dest);
     let mut temp = ptr::null_mut();
     // SAFETY: local_handle is null or ours.
     let mut desc = unsafe { super::module::local_desc(r.local_handle) };
@@ -378,7 +379,7 @@ pub(crate) extern "C" fn btl_put(
                     // A put completes when its data is at the target: osc rdma
                     // releases the target's lock right after, possibly with a CPU
                     // atomic on shared memory that nothing orders after the write.
-                    st.ep.write_flags(
+                    st.tx().write_flags(
                         local_address,
                         size,
                         desc,
@@ -389,7 +390,7 @@ pub(crate) extern "C" fn btl_put(
                         fi::FI_DELIVERY_COMPLETE as u64,
                     )
                 } else {
-                    st.ep
+                    st.tx()
                         .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
                 }
             })
@@ -430,7 +431,7 @@ pub(crate) extern "C" fn btl_get(
                     // Same completion semantics as puts and atomics. On shm this also
                     // selects the single-copy path for large reads (ob1's rendezvous
                     // gets): 1 MiB in 40 us against 94 us without it.
-                    st.ep.read_flags(
+                    st.tx().read_flags(
                         local_address,
                         size,
                         desc,
@@ -441,7 +442,7 @@ pub(crate) extern "C" fn btl_get(
                         fi::FI_DELIVERY_COMPLETE as u64,
                     )
                 } else {
-                    st.ep
+                    st.tx()
                         .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
                 }
             })
@@ -533,13 +534,13 @@ pub(crate) extern "C" fn btl_atomic_op(
                             data: 0,
                         };
                         fi::fi_atomicmsg(
-                            st.ep.as_ptr(),
+                            st.tx().as_ptr(),
                             &msg,
                             (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
                         )
                     } else {
                         fi::fi_atomic(
-                            st.ep.as_ptr(),
+                            st.tx().as_ptr(),
                             buf,
                             1,
                             ptr::null_mut(),
@@ -599,7 +600,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
                 // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                 posted(unsafe {
                     fi::fi_fetch_atomic(
-                        st.ep.as_ptr(),
+                        st.tx().as_ptr(),
                         buf,
                         1,
                         ptr::null_mut(),
@@ -671,7 +672,7 @@ pub(crate) extern "C" fn btl_atomic_cswap(
                     // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                     posted(unsafe {
                         fi::fi_compare_atomic(
-                            st.ep.as_ptr(),
+                            st.tx().as_ptr(),
                             buf,
                             1,
                             ptr::null_mut(),
