@@ -137,6 +137,13 @@ impl Ctx {
             kind,
         }
     }
+
+    /// The context handed to libfabric for an operation about to be posted.
+    #[inline(always)]
+    pub fn as_op_context(&mut self) -> *mut c_void {
+        crate::common::quirks::scribble(&mut self.fi);
+        self as *mut Ctx as *mut c_void
+    }
 }
 
 /// A send fragment. The descriptor comes first: Open MPI sees only that.
@@ -321,7 +328,7 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     let r = unsafe { &mut *rb };
     let desc = r.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
     r.ctx = Ctx::new(Kind::Recv);
-    let ctx = &mut r.ctx as *mut Ctx as *mut c_void;
+    let ctx = r.ctx.as_op_context();
     loop {
         // SAFETY: the buffer and context live until the completion is reaped (or the
         // endpoint closes, before the buffer is freed).
@@ -486,7 +493,7 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
         return Ok(true);
     }
     let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
-    let ctx = &mut fr.ctx as *mut Ctx as *mut c_void;
+    let ctx = fr.ctx.as_op_context();
     // SAFETY: the fragment (buffer and context) stays ours until the completion.
     st.fi(|| unsafe {
         st.tx()

@@ -333,7 +333,9 @@ fn run(
 
 #[inline]
 fn ctx_of(op: *mut RdmaOp) -> *mut c_void {
-    op as *mut c_void
+    // SAFETY: op is a live operation of ours (Box::into_raw in `run`), not yet posted;
+    // its Ctx is the first field of the repr(C) struct, so the context is op itself.
+    unsafe { (*op).ctx.as_op_context() }
 }
 
 #[inline]

@@ -60,6 +60,47 @@ pub fn of(provider: &str) -> Quirks {
     }
 }
 
+/// Test hook for the context modes: with `OMPI_OFI_TEST_SCRIBBLE_CONTEXT=1` in the
+/// environment, every operation's `FI_CONTEXT2` space is filled with garbage just
+/// before the operation is posted, as a provider that asks for `FI_CONTEXT` or
+/// `FI_CONTEXT2` (efa) may do with it until the completion. No provider on this
+/// machine asks, so this is how the tests show that nothing the components keep
+/// lives in that space (`scripts/test-context-modes`).
+pub fn scribble_contexts() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::env::var_os("OMPI_OFI_TEST_SCRIBBLE_CONTEXT").is_some_and(|v| v == "1");
+            if STATE.swap(if on { 2 } else { 1 }, Ordering::Relaxed) == 0 && on {
+                log::warn!(
+                    "OMPI_OFI_TEST_SCRIBBLE_CONTEXT=1 (test hook): every operation's FI_CONTEXT2 \
+                     space is filled with garbage before it is posted"
+                );
+            }
+            on
+        }
+    }
+}
+
+/// Fill `ctx` with garbage when [`scribble_contexts`] is on.
+#[inline(always)]
+pub fn scribble(ctx: *mut libfabric_sys::fi_context2) {
+    if scribble_contexts() {
+        // SAFETY: callers pass the context field of an operation they own and are
+        // about to post; it is plain data.
+        unsafe {
+            std::ptr::write_bytes(
+                ctx as *mut u8,
+                0xA5,
+                std::mem::size_of::<libfabric_sys::fi_context2>(),
+            )
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

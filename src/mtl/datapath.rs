@@ -390,7 +390,9 @@ impl Request {
 
     #[inline]
     pub(super) fn ctx_ptr(&mut self) -> *mut c_void {
-        ptr::addr_of_mut!(self.ctx) as *mut c_void
+        let ctx = ptr::addr_of_mut!(self.ctx);
+        crate::common::quirks::scribble(ctx);
+        ctx as *mut c_void
     }
 
     /// The request an operation context belongs to.
