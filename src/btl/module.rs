@@ -721,33 +721,16 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         .map(|h| h.tx_op_flags(0))
         .map_err(|x| e("fi_dupinfo", x))?;
     let (ep, ctxs) = if nctx > 1 {
-        let h = ep_info.ctx_cnt(nctx);
-        if let Some(x) = h.error() {
-            return Err(e("setting the context counts", x));
-        }
-        let sep =
-            Arc::new(Endpoint::open_scalable(&dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
-        sep.bind_av(&av)
-            .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
-        sep.enable()
-            .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
-        let mut ctxs = Vec::with_capacity(nctx);
-        for i in 0..nctx {
-            let cq = open_cq()?;
-            let tx = sep.tx_context(i).map_err(|x| e("fi_tx_context", x))?;
-            let rx = sep.rx_context(i).map_err(|x| e("fi_rx_context", x))?;
-            tx.bind_cq(&cq, fi::FI_TRANSMIT as u64)
-                .map_err(|x| e("fi_ep_bind(tx context, cq)", x))?;
-            rx.bind_cq(&cq, fi::FI_RECV as u64)
-                .map_err(|x| e("fi_ep_bind(rx context, cq)", x))?;
-            tx.enable().map_err(|x| e("fi_enable(tx context)", x))?;
-            rx.enable().map_err(|x| e("fi_enable(rx context)", x))?;
-            ctxs.push(Context {
-                tx: Arc::new(tx),
-                rx: Arc::new(rx),
-                cq,
-            });
-        }
+        let (sep, contexts) =
+            crate::common::endpoint::open_scalable_enabled(&dom, ep_info.info(), &av, nctx, nctx)?;
+        let ctxs = contexts
+            .into_iter()
+            .map(|c| Context {
+                tx: Arc::new(c.tx),
+                rx: Arc::new(c.rx),
+                cq: c.cq,
+            })
+            .collect();
         (sep, ctxs)
     } else {
         let cq = open_cq()?;

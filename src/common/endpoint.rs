@@ -10,7 +10,9 @@
 //! endpoint is opened again under a name of its own, which peers learn through the
 //! modex as usual.
 
-use crate::fabric::{AddressVector, CompletionQueue, Domain, Endpoint, Error, Hints, InfoRef};
+use crate::fabric::{
+    AddressVector, CompletionQueue, CqAttr, Domain, Endpoint, Error, Hints, InfoRef,
+};
 use libfabric_sys as fi;
 use std::sync::Arc;
 
@@ -57,6 +59,54 @@ pub fn open_enabled(
         }
     }
     first.map_err(fail)
+}
+
+/// One transmit/receive context pair of a scalable endpoint and the CQ both report
+/// to (each context keeps the scalable endpoint open).
+pub struct ScalableContext {
+    pub tx: Endpoint,
+    pub rx: Endpoint,
+    pub cq: Arc<CompletionQueue>,
+}
+
+/// Open a scalable endpoint with `contexts` transmit and receive contexts for `info`
+/// on `dom`, bind `av` (opened with `rx_ctx_bits` for them) and enable it; then give
+/// each of the first `used` context pairs a CQ of its own and enable them. The error
+/// names the call that failed and the provider.
+pub fn open_scalable_enabled(
+    dom: &Arc<Domain>,
+    info: InfoRef<'_>,
+    av: &Arc<AddressVector>,
+    contexts: usize,
+    used: usize,
+) -> Result<(Arc<Endpoint>, Vec<ScalableContext>), String> {
+    let provider = info.provider_name().to_string();
+    let e = |what: &str, err: Error| format!("{what} on {provider}: {err}");
+    let h = Hints::from_info(info)
+        .map_err(|x| e("fi_dupinfo", x))?
+        .ctx_cnt(contexts);
+    if let Some(x) = h.error() {
+        return Err(e("setting the context counts", x));
+    }
+    let sep = Arc::new(Endpoint::open_scalable(dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
+    sep.bind_av(av)
+        .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
+    sep.enable()
+        .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
+    let mut ctxs = Vec::with_capacity(used);
+    for i in 0..used {
+        let cq = CompletionQueue::open(dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
+        let tx = sep.tx_context(i).map_err(|x| e("fi_tx_context", x))?;
+        let rx = sep.rx_context(i).map_err(|x| e("fi_rx_context", x))?;
+        tx.bind_cq(&cq, fi::FI_TRANSMIT as u64)
+            .map_err(|x| e("fi_ep_bind(tx context, cq)", x))?;
+        rx.bind_cq(&cq, fi::FI_RECV as u64)
+            .map_err(|x| e("fi_ep_bind(rx context, cq)", x))?;
+        tx.enable().map_err(|x| e("fi_enable(tx context)", x))?;
+        rx.enable().map_err(|x| e("fi_enable(rx context)", x))?;
+        ctxs.push(ScalableContext { tx, rx, cq });
+    }
+    Ok((sep, ctxs))
 }
 
 fn is_shm(provider: &str) -> bool {

@@ -365,37 +365,18 @@ pub fn init_module(
     let mut ctxs = Vec::new();
     let name;
     if want_sep {
-        let h = Hints::from_info(domain.info())
-            .map_err(|x| e("fi_dupinfo", x))?
-            .ctx_cnt(nctx);
-        if let Some(x) = h.error() {
-            return Err(e("setting the context counts", x));
-        }
-        let sep =
-            Arc::new(Endpoint::open_scalable(&dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
-        sep.bind_av(&av)
-            .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
-        sep.enable()
-            .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
+        let (sep, contexts) =
+            crate::common::endpoint::open_scalable_enabled(&dom, domain.info(), &av, nctx, used)?;
         name = sep.getname().map_err(|x| e("fi_getname", x))?;
-        for i in 0..used {
-            let cq = open_cq()?;
-            let tx = sep.tx_context(i).map_err(|x| e("fi_tx_context", x))?;
-            let rx = sep.rx_context(i).map_err(|x| e("fi_rx_context", x))?;
-            tx.bind_cq(&cq, fi::FI_TRANSMIT as u64)
-                .map_err(|x| e("fi_ep_bind(tx context, cq)", x))?;
-            rx.bind_cq(&cq, fi::FI_RECV as u64)
-                .map_err(|x| e("fi_ep_bind(rx context, cq)", x))?;
-            tx.enable().map_err(|x| e("fi_enable(tx context)", x))?;
-            rx.enable().map_err(|x| e("fi_enable(rx context)", x))?;
+        for c in contexts {
             ctxs.push(datapath::Ctx {
-                tx: tx.as_ptr(),
-                rx: rx.as_ptr(),
-                cq: cq.as_ptr(),
+                tx: c.tx.as_ptr(),
+                rx: c.rx.as_ptr(),
+                cq: c.cq.as_ptr(),
             });
-            eps.push(tx);
-            eps.push(rx);
-            cqs.push(cq);
+            eps.push(c.tx);
+            eps.push(c.rx);
+            cqs.push(c.cq);
         }
     } else {
         let cq = open_cq()?;
