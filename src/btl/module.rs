@@ -173,11 +173,7 @@ impl State {
     /// with this thread's transmit context ([`State::tx`]).
     #[inline(always)]
     pub fn to(&self, addr: fi::fi_addr_t) -> fi::fi_addr_t {
-        if self.rx_ctx_bits == 0 {
-            addr
-        } else {
-            addr | ((self.ctx_index() as u64) << (64 - self.rx_ctx_bits))
-        }
+        crate::common::endpoint::rx_addr(addr, self.ctx_index(), self.rx_ctx_bits)
     }
 
     /// Register `[base, base + len)` for this module's access rights, binding it to the
@@ -677,29 +673,20 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         );
         1
     } else {
-        let max = (info.max_ep_ctx() / local_ranks.max(1)).max(1);
-        if contexts > max {
-            log::warn!(
-                "btl_ofi_num_contexts_per_module={contexts}: provider {provider} offers {} contexts \
-                 per endpoint, {max} for each of the {local_ranks} ranks on this node; using {max}",
-                info.max_ep_ctx()
-            );
-        }
-        contexts.min(max)
+        crate::common::endpoint::contexts_within(
+            contexts,
+            info,
+            local_ranks,
+            "btl_ofi_num_contexts_per_module",
+        )
     };
-    let rx_ctx_bits = if nctx > 1 {
-        (usize::BITS - nctx.leading_zeros()) as i32
-    } else {
-        0
-    };
-    let open_cq =
-        || CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x));
+    let rx_ctx_bits = crate::common::endpoint::rx_ctx_bits(nctx);
     let av = AddressVector::open(
         &dom,
         &AvAttr {
             av_type: fi::FI_AV_TABLE,
             count: world.max(1) as usize,
-            rx_ctx_bits,
+            rx_ctx_bits: rx_ctx_bits as i32,
         },
     )
     .or_else(|_| {
@@ -708,7 +695,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             &AvAttr {
                 av_type: fi::FI_AV_UNSPEC,
                 count: world.max(1) as usize,
-                rx_ctx_bits,
+                rx_ctx_bits: rx_ctx_bits as i32,
             },
         )
     })
@@ -733,7 +720,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             .collect();
         (sep, ctxs)
     } else {
-        let cq = open_cq()?;
+        let cq = CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
         let ep = Arc::new(crate::common::endpoint::open_enabled(
             &dom,
             ep_info.info(),
@@ -921,7 +908,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         st: State {
             ep,
             ctxs: ctxs.into_boxed_slice(),
-            rx_ctx_bits: rx_ctx_bits as u32,
+            rx_ctx_bits,
             per_ctx: (0..if nctx > 1 { nctx } else { 0 })
                 .map(|_| AtomicU64::new(0))
                 .collect(),

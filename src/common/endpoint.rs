@@ -61,6 +61,42 @@ pub fn open_enabled(
     first.map_err(fail)
 }
 
+/// `rx_ctx_bits` for an AV whose peers have `contexts` receive contexts: enough bits
+/// for the index (0 with one context, i.e. no scalable endpoint).
+pub fn rx_ctx_bits(contexts: usize) -> u32 {
+    if contexts > 1 {
+        usize::BITS - contexts.leading_zeros()
+    } else {
+        0
+    }
+}
+
+/// `fi_rx_addr(addr, index, bits)`: `addr` aimed at the peer's receive context `index`.
+#[inline(always)]
+pub fn rx_addr(addr: fi::fi_addr_t, index: usize, bits: u32) -> fi::fi_addr_t {
+    if bits == 0 {
+        addr
+    } else {
+        addr | ((index as u64) << (64 - bits))
+    }
+}
+
+/// The contexts a scalable endpoint of this process may have: `asked` (the value of
+/// parameter `param`), capped at the provider's contexts per endpoint shared by the
+/// `local_ranks` ranks of this node, with a warning when the cap bites.
+pub fn contexts_within(asked: usize, info: InfoRef<'_>, local_ranks: usize, param: &str) -> usize {
+    let max = (info.max_ep_ctx() / local_ranks.max(1)).max(1);
+    if asked > max {
+        log::warn!(
+            "{param}={asked}: provider {} offers {} contexts per endpoint, {max} for each of the \
+             {local_ranks} ranks on this node; using {max}",
+            info.provider_name(),
+            info.max_ep_ctx()
+        );
+    }
+    asked.min(max)
+}
+
 /// One transmit/receive context pair of a scalable endpoint and the CQ both report
 /// to (each context keeps the scalable endpoint open).
 pub struct ScalableContext {
@@ -129,7 +165,18 @@ fn attempt(
 
 #[cfg(test)]
 mod tests {
-    use super::is_shm;
+    use super::{is_shm, rx_addr, rx_ctx_bits};
+
+    #[test]
+    fn receive_context_addressing_as_fi_rx_addr() {
+        assert_eq!(rx_ctx_bits(1), 0);
+        assert_eq!(rx_ctx_bits(2), 2);
+        assert_eq!(rx_ctx_bits(4), 3);
+        assert_eq!(rx_ctx_bits(16), 5);
+        assert_eq!(rx_addr(7, 3, 0), 7);
+        assert_eq!(rx_addr(7, 3, 3), 7 | (3u64 << 61));
+        assert_eq!(rx_addr(7, 0, 3), 7);
+    }
 
     #[test]
     fn only_the_shm_provider_is_renamed() {

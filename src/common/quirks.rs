@@ -87,17 +87,11 @@ pub fn scribble_contexts() -> bool {
 
 /// Fill `ctx` with garbage when [`scribble_contexts`] is on.
 #[inline(always)]
-pub fn scribble(ctx: *mut libfabric_sys::fi_context2) {
+pub fn scribble(ctx: &mut libfabric_sys::fi_context2) {
     if scribble_contexts() {
-        // SAFETY: callers pass the context field of an operation they own and are
-        // about to post; it is plain data.
-        unsafe {
-            std::ptr::write_bytes(
-                ctx as *mut u8,
-                0xA5,
-                std::mem::size_of::<libfabric_sys::fi_context2>(),
-            )
-        };
+        for p in ctx.internal.iter_mut() {
+            *p = 0xA5A5_A5A5_A5A5_A5A5usize as *mut std::ffi::c_void;
+        }
     }
 }
 

@@ -28,8 +28,6 @@ pub use crate::common::sync::MaybeLock;
 
 /// The per-process MTL state the data path reads. Built by `setup.rs`.
 pub struct Mtl {
-    /// The regular endpoint, or transmit/receive context 0 of the scalable one.
-    pub ep: *mut fi::fid_ep,
     /// Transmit/receive contexts and their CQs: one entry, the regular endpoint (`tx`
     /// and `rx` both `ep`), unless `mtl_ofi_enable_sep` opened a scalable endpoint.
     pub ctxs: Box<[Ctx]>,
@@ -92,9 +90,16 @@ impl Mtl {
         if self.rx_ctx_bits == 0 || addr == FI_ADDR_UNSPEC {
             addr
         } else {
-            let idx = (cid as usize % self.ctxs.len()) as u64;
-            addr | (idx << (64 - self.rx_ctx_bits))
+            let index = cid as usize % self.ctxs.len();
+            crate::common::endpoint::rx_addr(addr, index, self.rx_ctx_bits)
         }
+    }
+
+    /// The endpoint software matching uses: the regular endpoint (software matching
+    /// never opens a scalable one).
+    #[inline(always)]
+    pub fn ep(&self) -> *mut fi::fid_ep {
+        self.ctxs[0].tx
     }
 }
 
@@ -390,9 +395,8 @@ impl Request {
 
     #[inline]
     pub(super) fn ctx_ptr(&mut self) -> *mut c_void {
-        let ctx = ptr::addr_of_mut!(self.ctx);
-        crate::common::quirks::scribble(ctx);
-        ctx as *mut c_void
+        crate::common::quirks::scribble(&mut self.ctx);
+        ptr::addr_of_mut!(self.ctx) as *mut c_void
     }
 
     /// The request an operation context belongs to.

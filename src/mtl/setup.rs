@@ -301,7 +301,6 @@ pub fn init_module(
     let dom = domain.domain().clone();
     // Scalable endpoint: as many contexts as asked, within the provider's limit shared
     // by the ranks of this node (as the C MTL provisions them).
-    let max_ctx = info.max_ep_ctx() / (local_peers.max(0) as usize + 1);
     if want_sep && soft {
         log::warn!(
             "mtl_ofi_enable_sep=1: not with software matching (provider {provider}); \
@@ -322,22 +321,18 @@ pub fn init_module(
         }
         1
     } else {
-        let asked = param(idx::NUM_CTXTS).max(1) as usize;
-        let max = max_ctx.max(1);
-        if asked > max {
-            log::warn!(
-                "mtl_ofi_num_ctxts={asked}: provider {provider} offers {} contexts per endpoint, \
-                 {max} for each of the {} ranks on this node; using {max}",
-                info.max_ep_ctx(),
-                local_peers + 1
-            );
-        }
-        asked.min(max)
+        crate::common::endpoint::contexts_within(
+            param(idx::NUM_CTXTS).max(1) as usize,
+            info,
+            local_peers.max(0) as usize + 1,
+            "mtl_ofi_num_ctxts",
+        )
     };
     // Without thread grouping only context 0 carries traffic (as in the C MTL).
     let used = if grouping { nctx } else { 1 };
+    // As the C MTL: the bit length of the context count, also for one context.
     let rx_ctx_bits = if want_sep {
-        (usize::BITS - nctx.leading_zeros()) as i32
+        crate::common::endpoint::rx_ctx_bits(nctx).max(1)
     } else {
         0
     };
@@ -346,20 +341,12 @@ pub fn init_module(
         &AvAttr {
             av_type,
             count: world.max(1) as usize * nctx,
-            rx_ctx_bits,
+            rx_ctx_bits: rx_ctx_bits as i32,
         },
     )
     .map_err(|x| e("fi_av_open", x))?;
-    let open_cq = || {
-        CompletionQueue::open(
-            &dom,
-            &CqAttr {
-                size: 0,
-                ..Default::default()
-            },
-        )
-        .map_err(|x| e("fi_cq_open", x))
-    };
+    let open_cq =
+        || CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x));
     let mut eps = Vec::new();
     let mut cqs = Vec::new();
     let mut ctxs = Vec::new();
@@ -401,9 +388,8 @@ pub fn init_module(
     };
     let events = param(idx::PROGRESS_EVENT_CNT).max(1) as usize;
     let state = Box::new(Mtl {
-        ep: ctxs[0].tx,
         ctxs: ctxs.into_boxed_slice(),
-        rx_ctx_bits: rx_ctx_bits as u32,
+        rx_ctx_bits,
         layout,
         inject_size,
         // Only the full layout needs directed receives (the source is not in the tag);

@@ -321,7 +321,7 @@ fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
         // SAFETY: see above.
         unsafe {
             fi::fi_recv(
-                m.ep,
+                m.ep(),
                 buf as *mut c_void,
                 len,
                 ptr::null_mut(),
@@ -349,7 +349,7 @@ fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
     };
     let ret = datapath::retry(m, || {
         // SAFETY: inject copies the header before returning.
-        unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
     });
     if ret < 0 {
         log::error!(
@@ -417,7 +417,7 @@ pub unsafe fn send(
                 let ret = datapath::retry(m, || {
                     // SAFETY: the first `total` bytes of tmp are initialised; inject
                     // copies them before returning.
-                    unsafe { fi::fi_inject(m.ep, tmp as *const c_void, total, addr) }
+                    unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, total, addr) }
                 });
                 if ret < 0 {
                     return datapath::fi_to_ompi(ret);
@@ -441,7 +441,7 @@ pub unsafe fn send(
         let ret = datapath::retry(m, || {
             // SAFETY: the header lives in the request and the data in the caller's
             // buffer until the send completes.
-            unsafe { fi::fi_sendv(m.ep, iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
+            unsafe { fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
         });
         return if ret < 0 {
             if sync {
@@ -496,7 +496,7 @@ pub unsafe fn send(
     sm.expect(r as u64, FIN);
     let ret = datapath::retry(m, || {
         // SAFETY: inject copies the header.
-        unsafe { fi::fi_inject(m.ep, &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
     });
     if ret < 0 {
         sm.forget(r as u64);
@@ -601,7 +601,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 // SAFETY: buf holds n bytes until the read completes.
                 unsafe {
                     fi::fi_read(
-                        m.ep,
+                        m.ep(),
                         buf as *mut c_void,
                         n,
                         ptr::null_mut(),
