@@ -613,3 +613,23 @@ fn owned_info_outlives_its_list() {
         .iter()
         .any(|i| i.domain_name() == owned.info().domain_name()));
 }
+
+/// `opal_common_ofi_efa_rnr_retry` is set with `Endpoint::setopt` before `fi_enable`
+/// (efa's rule). A provider without the option (here, every one) refuses it with an
+/// error the components turn into a warning, and the endpoint still enables.
+#[test]
+fn efa_rnr_retry_refused_elsewhere() {
+    init_log();
+    let (_sel, domain) = open_domain("tcp");
+    let av = Arc::new(AddressVector::open(&domain, &AvAttr::default()).expect("fi_av_open"));
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).expect("fi_cq_open");
+    let ep = Endpoint::open(&domain, None).expect("fi_endpoint");
+    ep.bind_av(&av).expect("bind av");
+    ep.bind_cq(&cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
+        .expect("bind cq");
+    let retries: usize = 7;
+    // SAFETY: FI_OPT_EFA_RNR_RETRY takes a size_t.
+    let r = unsafe { ep.setopt(fi::FI_OPT_ENDPOINT as i32, fi::FI_OPT_EFA_RNR_RETRY, &retries) };
+    assert!(r.is_err(), "tcp;ofi_rxm accepted FI_OPT_EFA_RNR_RETRY");
+    ep.enable().expect("fi_enable after a refused option");
+}

@@ -127,6 +127,7 @@ pub fn open_scalable_enabled(
     let sep = Arc::new(Endpoint::open_scalable(dom, h.info()).map_err(|x| e("fi_scalable_ep", x))?);
     sep.bind_av(av)
         .map_err(|x| e("fi_scalable_ep_bind(av)", x))?;
+    set_options(&sep, &provider);
     sep.enable()
         .map_err(|x| e("fi_enable(scalable endpoint)", x))?;
     let mut ctxs = Vec::with_capacity(used);
@@ -145,6 +146,39 @@ pub fn open_scalable_enabled(
     Ok((sep, ctxs))
 }
 
+/// The endpoint options of `opal_common_ofi_*` parameters, set before `fi_enable`
+/// (efa refuses `FI_OPT_EFA_RNR_RETRY` on an enabled endpoint). A value the provider
+/// has no option for, or refuses, leaves its default and gives a warning, once per
+/// process: the job still runs, as it would without the parameter.
+fn set_options(ep: &Endpoint, provider: &str) {
+    let rnr = super::with_params(|p| p.int(super::idx::EFA_RNR_RETRY)).unwrap_or(-1);
+    if rnr < 0 {
+        return;
+    }
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let warn_once = |msg: String| {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!("{msg}");
+        }
+    };
+    if provider.split(';').next() != Some("efa") {
+        warn_once(format!(
+            "opal_common_ofi_efa_rnr_retry={rnr} is ignored: it sets FI_OPT_EFA_RNR_RETRY, an \
+             option of the efa provider only, and this endpoint is {provider}"
+        ));
+        return;
+    }
+    let value = rnr as usize;
+    // SAFETY: FI_OPT_EFA_RNR_RETRY takes a size_t (fi_ext.h; efa checks the length).
+    match unsafe { ep.setopt(fi::FI_OPT_ENDPOINT as i32, fi::FI_OPT_EFA_RNR_RETRY, &value) } {
+        Ok(()) => log::debug!("{provider}: FI_OPT_EFA_RNR_RETRY set to {value}"),
+        Err(err) => warn_once(format!(
+            "opal_common_ofi_efa_rnr_retry={rnr}: {provider} refused FI_OPT_EFA_RNR_RETRY \
+             ({err}); its endpoints keep the provider's default retry count"
+        )),
+    }
+}
+
 fn is_shm(provider: &str) -> bool {
     provider.split(';').next() == Some("shm")
 }
@@ -159,6 +193,7 @@ fn attempt(
     ep.bind_cq(cq, (fi::FI_TRANSMIT | fi::FI_RECV) as u64)
         .map_err(|e| ("fi_ep_bind(cq)", e))?;
     ep.bind_av(av).map_err(|e| ("fi_ep_bind(av)", e))?;
+    set_options(&ep, info.provider_name());
     ep.enable().map_err(|e| ("fi_enable", e))?;
     Ok(ep)
 }
