@@ -629,7 +629,13 @@ fn efa_rnr_retry_refused_elsewhere() {
         .expect("bind cq");
     let retries: usize = 7;
     // SAFETY: FI_OPT_EFA_RNR_RETRY takes a size_t.
-    let r = unsafe { ep.setopt(fi::FI_OPT_ENDPOINT as i32, fi::FI_OPT_EFA_RNR_RETRY, &retries) };
+    let r = unsafe {
+        ep.setopt(
+            fi::FI_OPT_ENDPOINT as i32,
+            fi::FI_OPT_EFA_RNR_RETRY,
+            &retries,
+        )
+    };
     assert!(r.is_err(), "tcp;ofi_rxm accepted FI_OPT_EFA_RNR_RETRY");
     ep.enable().expect("fi_enable after a refused option");
 }

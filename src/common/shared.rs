@@ -102,7 +102,7 @@ fn list_param(p: &crate::ompi::params::Registered, i: usize) -> Option<Vec<Strin
 /// Select a provider for `req`, set up the memory monitor, and open (or share) the
 /// domain. On failure the component declines with the returned message.
 pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
-    let (include, mut exclude, exclude_set, monitor_choice, checked, mut nics) =
+    let (include, mut exclude, exclude_set, monitor_choice, checked, mut nics, rxm_rx_size) =
         super::with_params(|p| {
             (
                 list_param(p, idx::PROVIDER_INCLUDE),
@@ -117,6 +117,7 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
                     exclude: list_param(p, idx::NIC_EXCLUDE),
                     spans_hosts: false,
                 },
+                p.int(idx::RXM_MSG_RX_SIZE),
             )
         })
         .ok_or_else(|| Decline("the common OFI parameters were not registered".into()))?;
@@ -136,8 +137,10 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
     }
     nics.spans_hosts = req.spans_hosts;
 
-    // Before the first fi_getinfo: libfabric reads its own monitor choice when it
-    // initialises, and the export into it must precede the first fi_domain.
+    // Before the first fi_getinfo: libfabric reads its own monitor choice and its
+    // providers' variables when it initialises, and the export into it must precede
+    // the first fi_domain.
+    set_rxm_prepost(rxm_rx_size);
     super::monitor_prepare(&monitor_choice)?;
 
     let opened = open_prepared(req, include, exclude, nics);
@@ -149,6 +152,36 @@ pub fn open_domain(req: DomainRequest) -> Result<DomainHandle, Decline> {
         super::monitor_teardown();
     }
     opened
+}
+
+/// `opal_common_ofi_rxm_msg_rx_size` as `FI_OFI_RXM_MSG_RX_SIZE`, once per process,
+/// unless the user set the variable. With a shared receive context (its default over
+/// tcp) ofi_rxm posts 4096 eager buffers of 16 KiB unless told otherwise: 64 MiB per
+/// process before the first message, most of the 100 MiB an 8-rank hello world took
+/// per rank over tcp (the C MTL's too). It posts a new buffer for each one a message
+/// takes, so fewer in advance does not cap unexpected messages.
+fn set_rxm_prepost(n: i64) {
+    const VAR: &str = "FI_OFI_RXM_MSG_RX_SIZE";
+    static DONE: std::sync::Once = std::sync::Once::new();
+    if n <= 0 {
+        return;
+    }
+    DONE.call_once(|| {
+        if let Ok(v) = std::env::var(VAR) {
+            log::info!("{VAR}={v} from the environment (opal_common_ofi_rxm_msg_rx_size={n} not applied)");
+            return;
+        }
+        if super::monitor::libfabric_initialised() {
+            log::info!(
+                "libfabric was initialised before this component: opal_common_ofi_rxm_msg_rx_size={n} \
+                 ({VAR}) may not take effect"
+            );
+        }
+        // setenv races with getenv on other threads; at component open Open MPI's helper
+        // threads do not read it, and libfabric reads it in fi_ini, which this precedes.
+        std::env::set_var(VAR, n.to_string());
+        log::debug!("{VAR}={n} (opal_common_ofi_rxm_msg_rx_size)");
+    });
 }
 
 fn open_prepared(
