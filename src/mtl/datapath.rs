@@ -294,6 +294,9 @@ pub enum Kind {
     Bounce,
     /// A receive of software matching reading a rendezvous message.
     SmRead,
+    /// A copy of a small message in flight after its send request was completed
+    /// (software matching; heap, buffer and request freed at completion).
+    Copied,
 }
 
 /// The MTL request: the PML allocates `mtl_request_size` bytes after its
@@ -797,6 +800,12 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
             // SAFETY: r is a live receive reading its message.
             unsafe { super::softmatch::read_done(m, r) };
         }
+        Kind::Copied => {
+            if let Some(sm) = m.soft.as_deref() {
+                // SAFETY: a Copied request is a Box leaked when posting, owning its buffer.
+                unsafe { super::softmatch::copied_sent(sm, r) };
+            }
+        }
         Kind::Send => {
             // SAFETY: r is live.
             unsafe { finish_part(r) };
@@ -1040,6 +1049,13 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                     }
                     Kind::Bounce => {
                         log::error!("a receive buffer failed; software matching has one fewer");
+                    }
+                    Kind::Copied => {
+                        // Its MPI request completed when it was posted, as an inject's
+                        // does: the error is logged and counted only.
+                        if let Some(sm) = m.soft.as_deref() {
+                            super::softmatch::copied_sent(sm, r);
+                        }
                     }
                     Kind::SmRead => {
                         (*r).kind = Kind::Recv;

@@ -97,6 +97,13 @@ fn progress_of(v: i64) -> fi::fi_progress {
 /// the C MTL 104 MiB); 4096 costs under 2 MiB.
 const RX_QUEUE: usize = 4096;
 
+/// Inject size asked of ofi_rxm (which offers 64 bytes unless asked, and accepts up to
+/// its eager buffer, 16 KiB). A send up to the inject size completes as soon as it is
+/// posted, as eager sends do in ob1 and most MTLs; programs written against them test
+/// for that (mpi4py's test suite: six isends to self, then `MPI_Testall` false must mean
+/// that none has completed). rxm copies eager data into its own buffer either way.
+const RXM_INJECT: usize = 16384;
+
 /// Build the MTL: choose provider and tag mode, open the endpoint, publish its name.
 pub fn init_module(
     _progress_threads: bool,
@@ -215,6 +222,9 @@ pub fn init_module(
         }
         if deep {
             h = h.rx_size(RX_QUEUE);
+        }
+        if name.split(';').any(|l| l == "ofi_rxm") {
+            h = h.inject_size(RXM_INJECT);
         }
         if quirks.unexpected_unbuffered {
             h = h.total_buffered_recv(common::quirks::UNEXPECTED_BUFFER);
@@ -664,6 +674,23 @@ pub fn finalize() {
         // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
         Some(unsafe { Box::from_raw(p) })
     };
+    // Small sends of software matching completed when posted, from copies: let them
+    // leave before the endpoint closes (a peer may still be waiting for them).
+    if let Some(m) = m.as_deref() {
+        if let Some(sm) = m.soft.as_deref() {
+            let start = std::time::Instant::now();
+            while sm.copies_in_flight.load(Ordering::Relaxed) > 0 {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    log::warn!(
+                        "finalize: {} small sends still in flight after 10 s; closing anyway",
+                        sm.copies_in_flight.load(Ordering::Relaxed)
+                    );
+                    break;
+                }
+                datapath::progress_mtl(m);
+            }
+        }
+    }
     // Close the endpoint first: only then can nothing write into the memory that
     // receives were posted with (bounce buffers, the overflow area).
     if let Some(mut res) = lock(&RESOURCES).take() {

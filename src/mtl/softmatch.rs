@@ -27,7 +27,7 @@ use ompi_sys as sys;
 use std::collections::VecDeque;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const BOUNCE_COUNT: usize = 64;
@@ -213,6 +213,8 @@ pub struct SoftMatch {
     /// Held while one thread reads and dispatches completions.
     pub progress: crate::common::sync::Serial,
     bounces: Vec<*mut Request>,
+    /// Copied sends posted and not yet completed (finalize waits for them).
+    pub copies_in_flight: AtomicUsize,
     domain: Arc<Domain>,
     next_key: AtomicU64,
     /// Bytes per bounce buffer ([`BOUNCE_SMALL`] or [`BOUNCE_LARGE`]).
@@ -247,6 +249,7 @@ impl SoftMatch {
             rejected: AtomicU64::new(0),
             progress: crate::common::sync::Serial::new(threads),
             bounces: Vec::new(),
+            copies_in_flight: AtomicUsize::new(0),
             domain,
             next_key: AtomicU64::new(1),
             bounce_size,
@@ -365,6 +368,74 @@ fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
 /// [`send`] returned this: the message went out with inject, the request is done.
 pub const SENT_INLINE: c_int = 1;
 
+/// Eager messages up to this size that do not fit the provider's inject are sent
+/// from a copy, and their request completes at once (see [`send`]). Above it the
+/// copy would cost more than the wait for the completion.
+const COPY_MAX: usize = 16 << 10;
+
+/// Send header `h` and `len` bytes at `data` from a heap copy, under a request of its
+/// own ([`Kind::Copied`]) that frees both at completion. Returns the provider's code.
+///
+/// # Safety
+/// `data` must hold `len` bytes (only read before this returns).
+unsafe fn send_copy(m: &Mtl, h: &Hdr, data: *const u8, len: usize, addr: u64) -> isize {
+    let total = HDR_LEN + len;
+    // SAFETY: plain allocation, checked below.
+    let buf = unsafe { libc::malloc(total) } as *mut u8;
+    if buf.is_null() {
+        return -(fi::FI_ENOMEM as isize);
+    }
+    // SAFETY: buf has room for total bytes; both sources hold what is copied.
+    unsafe {
+        ptr::copy_nonoverlapping(h as *const Hdr as *const u8, buf, HDR_LEN);
+        if len > 0 {
+            ptr::copy_nonoverlapping(data, buf.add(HDR_LEN), len);
+        }
+    }
+    let mut c = Box::new(Request::internal(Kind::Copied, ptr::null_mut()));
+    c.buffer = buf;
+    c.length = total;
+    c.owns_buffer = true;
+    let c = Box::into_raw(c);
+    // SAFETY: c is ours until its completion.
+    let ctx = unsafe { (*c).ctx_ptr() };
+    let ret = datapath::retry(m, || {
+        // SAFETY: buf and c live until the completion frees them.
+        unsafe { fi::fi_send(m.ep(), buf as *const c_void, total, ptr::null_mut(), addr, ctx) }
+    });
+    if ret < 0 {
+        // SAFETY: not posted: still ours.
+        unsafe { copied_done(c) };
+    } else if let Some(sm) = m.soft.as_deref() {
+        sm.copies_in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+    ret
+}
+
+/// A [`Kind::Copied`] send completed (or failed): free its copy and its request.
+///
+/// # Safety
+/// `r` must be a posted Copied request from [`send_copy`], not used afterwards.
+pub unsafe fn copied_sent(sm: &SoftMatch, r: *mut Request) {
+    sm.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
+    // SAFETY: forwarded.
+    unsafe { copied_done(r) };
+}
+
+/// Free a Copied request and its copy.
+///
+/// # Safety
+/// `r` must be a Copied request from [`send_copy`], not used afterwards.
+unsafe fn copied_done(r: *mut Request) {
+    // SAFETY: r is the Box leaked in send_copy, owning its malloc'd buffer.
+    unsafe {
+        let r = Box::from_raw(r);
+        if r.owns_buffer {
+            libc::free(r.buffer as *mut c_void);
+        }
+    }
+}
+
 /// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
 /// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
 ///
@@ -425,6 +496,19 @@ pub unsafe fn send(
                 rq.pending.store(0, Ordering::Release);
                 return SENT_INLINE;
             }
+        }
+        if !sync && len <= COPY_MAX {
+            // Complete the request now, as an inject would: the message goes out of a
+            // copy that is freed at its completion. Programs written against ob1 (and
+            // most MTLs, whose small sends complete at once) test for this.
+            // SAFETY: ptr_ holds len bytes; the copy gets its own request.
+            let ret = unsafe { send_copy(m, &rq.sm_hdr, ptr_, len, addr) };
+            return if ret < 0 {
+                datapath::fi_to_ompi(ret)
+            } else {
+                rq.pending.store(0, Ordering::Release);
+                SENT_INLINE
+            };
         }
         let iov = [
             fi::iovec {
