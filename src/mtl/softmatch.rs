@@ -401,7 +401,16 @@ unsafe fn send_copy(m: &Mtl, h: &Hdr, data: *const u8, len: usize, addr: u64) ->
     let ctx = unsafe { (*c).ctx_ptr() };
     let ret = datapath::retry(m, || {
         // SAFETY: buf and c live until the completion frees them.
-        unsafe { fi::fi_send(m.ep(), buf as *const c_void, total, ptr::null_mut(), addr, ctx) }
+        unsafe {
+            fi::fi_send(
+                m.ep(),
+                buf as *const c_void,
+                total,
+                ptr::null_mut(),
+                addr,
+                ctx,
+            )
+        }
     });
     if ret < 0 {
         // SAFETY: not posted: still ours.
