@@ -373,34 +373,54 @@ pub const SENT_INLINE: c_int = 1;
 /// copy would cost more than the wait for the completion.
 const COPY_MAX: usize = 16 << 10;
 
-/// Send header `h` and `len` bytes at `data` from a heap copy, under a request of its
-/// own ([`Kind::Copied`]) that frees both at completion. Returns the provider's code.
+/// The one heap block of a copied send: its request, then header and payload.
+fn copied_layout(total: usize) -> Option<std::alloc::Layout> {
+    // A Request's size is a multiple of its alignment, so the copy follows it directly.
+    std::alloc::Layout::from_size_align(
+        std::mem::size_of::<Request>() + total,
+        std::mem::align_of::<Request>(),
+    )
+    .ok()
+}
+
+/// Send header `h` and `len` bytes at `data` from a heap copy under a request of its
+/// own ([`Kind::Copied`]), both in one block freed at completion. Returns the
+/// provider's code.
 ///
 /// # Safety
 /// `data` must hold `len` bytes (only read before this returns).
-unsafe fn send_copy(m: &Mtl, h: &Hdr, data: *const u8, len: usize, addr: u64) -> isize {
+unsafe fn send_copy(
+    m: &Mtl,
+    sm: &SoftMatch,
+    h: &Hdr,
+    data: *const u8,
+    len: usize,
+    addr: u64,
+) -> isize {
     let total = HDR_LEN + len;
-    // SAFETY: plain allocation, checked below.
-    let buf = unsafe { libc::malloc(total) } as *mut u8;
-    if buf.is_null() {
+    let Some(layout) = copied_layout(total) else {
+        return -(fi::FI_ENOMEM as isize);
+    };
+    // SAFETY: the layout has a non-zero size (it holds a Request).
+    let c = unsafe { std::alloc::alloc(layout) } as *mut Request;
+    if c.is_null() {
         return -(fi::FI_ENOMEM as isize);
     }
-    // SAFETY: buf has room for total bytes; both sources hold what is copied.
-    unsafe {
+    // SAFETY: c is a fresh block with room for a Request followed by total bytes;
+    // both sources hold what is copied.
+    let (buf, ctx) = unsafe {
+        c.write(Request::internal(Kind::Copied, ptr::null_mut()));
+        let buf = (c as *mut u8).add(std::mem::size_of::<Request>());
         ptr::copy_nonoverlapping(h as *const Hdr as *const u8, buf, HDR_LEN);
         if len > 0 {
             ptr::copy_nonoverlapping(data, buf.add(HDR_LEN), len);
         }
-    }
-    let mut c = Box::new(Request::internal(Kind::Copied, ptr::null_mut()));
-    c.buffer = buf;
-    c.length = total;
-    c.owns_buffer = true;
-    let c = Box::into_raw(c);
-    // SAFETY: c is ours until its completion.
-    let ctx = unsafe { (*c).ctx_ptr() };
+        (*c).buffer = buf;
+        (*c).length = total;
+        (buf, (*c).ctx_ptr())
+    };
     let ret = datapath::retry(m, || {
-        // SAFETY: buf and c live until the completion frees them.
+        // SAFETY: the block lives until the completion frees it.
         unsafe {
             fi::fi_send(
                 m.ep(),
@@ -414,33 +434,34 @@ unsafe fn send_copy(m: &Mtl, h: &Hdr, data: *const u8, len: usize, addr: u64) ->
     });
     if ret < 0 {
         // SAFETY: not posted: still ours.
-        unsafe { copied_done(c) };
-    } else if let Some(sm) = m.soft.as_deref() {
+        unsafe { copied_free(c) };
+    } else {
         sm.copies_in_flight.fetch_add(1, Ordering::Relaxed);
     }
     ret
 }
 
-/// A [`Kind::Copied`] send completed (or failed): free its copy and its request.
+/// A [`Kind::Copied`] send completed (or failed): free its block.
 ///
 /// # Safety
 /// `r` must be a posted Copied request from [`send_copy`], not used afterwards.
 pub unsafe fn copied_sent(sm: &SoftMatch, r: *mut Request) {
     sm.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
     // SAFETY: forwarded.
-    unsafe { copied_done(r) };
+    unsafe { copied_free(r) };
 }
 
-/// Free a Copied request and its copy.
+/// Free the block of a Copied request.
 ///
 /// # Safety
 /// `r` must be a Copied request from [`send_copy`], not used afterwards.
-unsafe fn copied_done(r: *mut Request) {
-    // SAFETY: r is the Box leaked in send_copy, owning its malloc'd buffer.
+unsafe fn copied_free(r: *mut Request) {
+    // SAFETY: r heads a block allocated in send_copy with the layout of its length.
     unsafe {
-        let r = Box::from_raw(r);
-        if r.owns_buffer {
-            libc::free(r.buffer as *mut c_void);
+        let total = (*r).length;
+        ptr::drop_in_place(r);
+        if let Some(layout) = copied_layout(total) {
+            std::alloc::dealloc(r as *mut u8, layout);
         }
     }
 }
@@ -511,7 +532,7 @@ pub unsafe fn send(
             // copy that is freed at its completion. Programs written against ob1 (and
             // most MTLs, whose small sends complete at once) test for this.
             // SAFETY: ptr_ holds len bytes; the copy gets its own request.
-            let ret = unsafe { send_copy(m, &rq.sm_hdr, ptr_, len, addr) };
+            let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr) };
             return if ret < 0 {
                 datapath::fi_to_ompi(ret)
             } else {
