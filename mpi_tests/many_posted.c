@@ -8,6 +8,12 @@
  *    must not block when it is full, since nothing can drain it before the barrier.
  * 2. Each rank Isends --n small messages to its right neighbour before the neighbour has
  *    posted anything (a barrier follows the Isends), then receives them all in order.
+ * 3. Each rank posts --n receives again (every 97th for 64 KiB), then sends to its right
+ *    neighbour in reverse tag order with blocking sends the receiver must match before
+ *    they return: MPI_Ssend of 8 bytes, and MPI_Send of 64 KiB (rendezvous on every
+ *    provider here). The message for the last receive comes first, and that receive
+ *    cannot be in a full provider queue: the MTL must match it anyway (with the C MTL,
+ *    and with ours before 3 December 2026, the job hung here).
  * Every payload and status is checked.
  *
  * Kept apart from comms because Open MPI 4.1.4's C MTL spins forever inside MPI_Irecv when
@@ -86,6 +92,55 @@ int main(int argc, char **argv)
     }
     T_CHECK_MPI(MPI_Waitall(n, rq, MPI_STATUSES_IGNORE));
     t_info("%d unexpected messages received in order in %.2f s", n, t_now() - t0);
+
+    t_section("%d receives, then blocking sends matching the last receive first", n);
+    t0 = t_now();
+    {
+        const size_t big = 64 * 1024;
+        int nbig = n / 97 + 1;
+        char *rbig = t_malloc(big * (size_t)nbig), *sbig = t_malloc(big);
+        for (int i = 0; i < n; i++) {
+            int src = i % 3 == 0 ? MPI_ANY_SOURCE : left;
+            rb[i] = 0;
+            if (i % 97 == 0) {
+                memset(rbig + big * (size_t)(i / 97), 0, big);
+                T_CHECK_MPI(MPI_Irecv(rbig + big * (size_t)(i / 97), (int)big, MPI_BYTE, src, i, comm, &rq[i]));
+            } else {
+                T_CHECK_MPI(MPI_Irecv(&rb[i], 1, MPI_UINT64_T, src, i, comm, &rq[i]));
+            }
+        }
+        T_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        for (int i = n - 1; i >= 0; i--) {
+            if (i % 97 == 0) {
+                t_fill(sbig, big, t_seed(97, (uint64_t)t_rank, (uint64_t)i, 0));
+                T_CHECK_MPI(MPI_Send(sbig, (int)big, MPI_BYTE, right, i, comm));
+            } else {
+                sb[0] = t_seed(98, (uint64_t)t_rank, (uint64_t)i, 0);
+                T_CHECK_MPI(MPI_Ssend(&sb[0], 1, MPI_UINT64_T, right, i, comm));
+            }
+            if (i % 256 == 0)
+                t_touch();
+            if (t_now() - t0 > 60)
+                t_fail("blocking send #%d (of %d, in reverse order) is not returning", n - 1 - i, n);
+        }
+        t_status_init_n(st, n);
+        T_CHECK_MPI(MPI_Waitall(n, rq, st));
+        for (int i = 0; i < n; i++) {
+            char w[80];
+            snprintf(w, sizeof(w), "receive #%d matched out of order", i);
+            if (i % 97 == 0) {
+                t_check_status(&st[i], left, i, MPI_BYTE, (int)big, w);
+                t_check(rbig + big * (size_t)(i / 97), big, t_seed(97, (uint64_t)left, (uint64_t)i, 0), w);
+            } else {
+                t_check_status(&st[i], left, i, MPI_UINT64_T, 1, w);
+                if (rb[i] != t_seed(98, (uint64_t)left, (uint64_t)i, 0))
+                    t_fail("%s: wrong payload", w);
+            }
+        }
+        free(rbig); free(sbig);
+    }
+    t_info("%d receives matched last to first by blocking sends in %.2f s", n, t_now() - t0);
+
     free(rq); free(st); free(sb); free(rb);
     T_CHECK_MPI(MPI_Comm_free(&comm));
     return t_pass();

@@ -58,6 +58,14 @@ pub struct Mtl {
     pub(super) deferred_sends: Mutex<VecDeque<PendingSend>>,
     pub has_deferred_sends: std::sync::atomic::AtomicBool,
     pub has_deferred: std::sync::atomic::AtomicBool,
+    /// `Deferred::stash` holds messages (stall.rs): receives and probes look there first.
+    pub has_stash: std::sync::atomic::AtomicBool,
+    /// A stall breaker runs (stall.rs).
+    pub breaker_busy: std::sync::atomic::AtomicBool,
+    /// Receives between their check of `has_deferred`/`has_stash` and their post on the
+    /// fast path of `irecv` (counted only with MPI threads): the stall breaker waits
+    /// for them before it looks at the provider.
+    pub fast_posts: AtomicUsize,
 }
 
 /// One transmit/receive context pair and the CQ both report to.
@@ -111,6 +119,9 @@ impl Mtl {
 pub struct Deferred {
     pub user: VecDeque<usize>,
     pub internal: VecDeque<usize>,
+    /// Messages of the user's class taken off the provider that no receive matched yet,
+    /// oldest first (see stall.rs).
+    pub stash: VecDeque<Box<Request>>,
 }
 
 impl Deferred {
@@ -204,6 +215,11 @@ impl RxBudget {
         }
     }
 
+    /// Are MPI threads enabled?
+    pub fn threads(&self) -> bool {
+        self.threads
+    }
+
     /// How many of the user's receives may be in the provider at once.
     pub fn user_max(&self) -> usize {
         self.user_max
@@ -253,6 +269,8 @@ pub struct Counters {
     pub eagain: AtomicU64,
     /// Received messages whose envelope failed [`TagLayout::decode`].
     pub bad_envelopes: AtomicU64,
+    /// Messages taken off the provider while receives waited for room (stall.rs).
+    pub stalls_broken: AtomicU64,
     /// Completions read from each context's CQ, counted only with several contexts
     /// (a scalable endpoint with thread grouping).
     pub per_ctx: Box<[AtomicU64]>,
@@ -297,6 +315,9 @@ pub enum Kind {
     /// A copy of a small message in flight after its send request was completed
     /// (software matching; heap, buffer and request freed at completion).
     Copied,
+    /// A peek, then the receive of the message peeked, taking it off a full provider
+    /// queue (stall.rs; heap, owned by the breaker and then the stash).
+    Stash,
 }
 
 /// The MTL request: the PML allocates `mtl_request_size` bytes after its
@@ -383,7 +404,7 @@ impl Request {
     }
 
     /// A fully owned internal request on the heap or the stack.
-    pub(super) fn internal(kind: Kind, comm: *mut sys::ompi_communicator_t) -> Request {
+    pub(crate) fn internal(kind: Kind, comm: *mut sys::ompi_communicator_t) -> Request {
         let mut r = std::mem::MaybeUninit::<Request>::uninit();
         // SAFETY: r has room for a Request; sup is set right after.
         unsafe {
@@ -664,6 +685,9 @@ pub fn progress_mtl(m: &Mtl) -> usize {
     }
     if m.has_deferred.load(Ordering::Acquire) {
         post_deferred(m);
+        if n == 0 && m.soft.is_none() {
+            super::stall::break_stall(m);
+        }
     }
     n
 }
@@ -751,11 +775,25 @@ pub extern "C" fn progress_cb() -> c_int {
 
 /// Spin on progress until `done` holds.
 #[inline]
-fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
+pub(super) fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
     while !done() {
         if progress_mtl(m) == 0 {
-            std::hint::spin_loop();
+            idle();
         }
+    }
+}
+
+/// Nothing progressed: give the core away when Open MPI says to
+/// (`mpi_yield_when_idle`, on by itself when a node is oversubscribed), as
+/// `opal_progress` does, else spin. A rank blocked in a send spinning on a shared core
+/// would hold off the very peer it waits for.
+#[inline]
+fn idle() {
+    // SAFETY: a plain bool Open MPI sets at init; read without a reference.
+    if unsafe { ptr::addr_of!(sys::opal_progress_yield_when_idle).read_volatile() } {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
@@ -771,7 +809,9 @@ pub(super) fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
             return ret;
         }
         m.counters.eagain.fetch_add(1, Ordering::Relaxed);
-        progress_mtl(m);
+        if progress_mtl(m) == 0 {
+            idle();
+        }
     }
 }
 
@@ -842,8 +882,9 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
                 (*r).pending.store(0, Ordering::Release);
             }
         }
-        Kind::Probe => {
-            // SAFETY: r is a live probe on its caller's stack.
+        Kind::Probe | Kind::Stash => {
+            // SAFETY: r is a live probe on its caller's stack, or the breaker's request
+            // it waits for.
             unsafe {
                 (*r).probe_found = true;
                 (*r).matched_tag = e.tag;
@@ -934,7 +975,7 @@ pub(super) unsafe fn recv_done(
 }
 
 /// Tell the sender of a synchronous send that it was matched.
-fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32) {
+pub(super) fn send_ack(m: &Mtl, comm: *mut sys::ompi_communicator_t, source: c_int, id: u32) {
     let addr = match peer_addr(comm, source) {
         Ok(a) => a,
         Err(_) => {
@@ -980,7 +1021,7 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
         unsafe { rx_leave(m, r) };
     }
     match kind {
-        Kind::Probe if code == fi::FI_ENOMSG => {
+        Kind::Probe | Kind::Stash if code == fi::FI_ENOMSG => {
             // SAFETY: live probe.
             unsafe {
                 (*r).probe_found = false;
@@ -1044,7 +1085,7 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                         }
                         Request::complete_to_pml(r);
                     }
-                    Kind::Claim | Kind::Probe => {
+                    Kind::Claim | Kind::Probe | Kind::Stash => {
                         (*r).pending.store(0, Ordering::Release);
                     }
                     Kind::Bounce => {
@@ -1520,8 +1561,16 @@ fn irecv_impl(
     // Receives are posted in MPI order within their class (see `Deferred`): once one
     // had to wait for room in the provider's queue, every later one of its class waits
     // behind it. The queue's mutex is taken only then; a thread that queued a receive
-    // set the flag before returning, so its own later receives see it.
-    if !m.has_deferred.load(Ordering::Acquire) && m.rx.room(internal) {
+    // set the flag before returning, so its own later receives see it. The same holds
+    // while messages wait in the stash (stall.rs).
+    let threads = m.rx.threads();
+    if threads {
+        m.fast_posts.fetch_add(1, Ordering::SeqCst);
+    }
+    if !m.has_deferred.load(Ordering::SeqCst)
+        && !m.has_stash.load(Ordering::SeqCst)
+        && m.rx.room(internal)
+    {
         let ret = {
             let _g = m.lock.lock();
             // SAFETY: r is live, with its buffer, address and match bits set.
@@ -1530,6 +1579,9 @@ fn irecv_impl(
                 post_recv(m, r)
             }
         };
+        if threads {
+            m.fast_posts.fetch_sub(1, Ordering::SeqCst);
+        }
         if ret >= 0 {
             return sys::OMPI_SUCCESS;
         }
@@ -1543,12 +1595,26 @@ fn irecv_impl(
             return fi_to_ompi(ret);
         }
         m.counters.eagain.fetch_add(1, Ordering::Relaxed);
+    } else if threads {
+        m.fast_posts.fetch_sub(1, Ordering::SeqCst);
     }
-    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    deferred.queue(internal).push_back(r as usize);
-    m.has_deferred.store(true, Ordering::Release);
-    // The other class may have room (a collective's receive behind the user's).
-    drain_deferred(m, &mut deferred);
+    {
+        let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        // A message taken off a full provider queue may be waiting for it (stall.rs).
+        if !internal && !deferred.stash.is_empty() {
+            // SAFETY: r is live with its match bits and address set.
+            if let Some(s) = unsafe { super::stall::take_for_recv(m, &mut deferred, r) } {
+                drop(deferred);
+                // SAFETY: r is in no queue.
+                unsafe { super::stall::deliver(m, r, s) };
+                return sys::OMPI_SUCCESS;
+            }
+        }
+        deferred.queue(internal).push_back(r as usize);
+        m.has_deferred.store(true, Ordering::SeqCst);
+        // The other class may have room (a collective's receive behind the user's).
+        drain_deferred(m, &mut deferred);
+    }
     sys::OMPI_SUCCESS
 }
 
@@ -1616,11 +1682,19 @@ unsafe fn post_recv(m: &Mtl, r: *mut Request) -> isize {
 
 /// Post the receives that waited for room, in order, until the provider is full again.
 fn post_deferred(m: &Mtl) {
-    let mut deferred = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    drain_deferred(m, &mut deferred);
+    // Not from a progress call nested in a holder of the lock (the stall breaker's, or
+    // a completion's acknowledgement under it): the holder drains.
+    match m.deferred.try_lock() {
+        Ok(mut deferred) => drain_deferred(m, &mut deferred),
+        Err(std::sync::TryLockError::Poisoned(e)) => drain_deferred(m, &mut e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => {}
+    }
 }
 
-/// Post from the head of each class's queue while that class has room.
+/// Post from the head of each class's queue while that class has room. No waiting
+/// receive matches a stashed message (each looked in the stash when it was queued, and
+/// a message is stashed only when no waiting receive matches it), so none is looked
+/// up here.
 fn drain_deferred(m: &Mtl, deferred: &mut Deferred) {
     'classes: for internal in [true, false] {
         while m.rx.room(internal) {
@@ -1663,23 +1737,39 @@ fn drain_deferred(m: &Mtl, deferred: &mut Deferred) {
         }
     }
     if deferred.is_empty() {
-        m.has_deferred.store(false, Ordering::Release);
+        m.has_deferred.store(false, Ordering::SeqCst);
     }
 }
 
-/// Peek for a matching message; on success returns (tag bits, cq data, length).
+/// What a receive or probe of (`comm`, `src`, `tag`) matches: tag bits, ignore bits
+/// and source address (provider matching).
+fn pattern(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+) -> Result<(u64, u64, u64), c_int> {
+    let mut addr = FI_ADDR_UNSPEC;
+    if src != sys::MPI_ANY_SOURCE && m.directed {
+        addr = peer_addr(comm, src)?;
+    }
+    let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
+    Ok((bits, ignore, addr))
+}
+
+/// Peek for a matching message, in the stash first (stall.rs); on success returns
+/// (tag bits, cq data, length).
 fn peek(
     m: &Mtl,
     comm: *mut sys::ompi_communicator_t,
     src: c_int,
     tag: c_int,
 ) -> Result<Option<(u64, u64, usize)>, c_int> {
-    let mut addr = FI_ADDR_UNSPEC;
-    if src != sys::MPI_ANY_SOURCE && m.directed {
-        addr = peer_addr(comm, src)?;
+    let (bits, ignore, addr) = pattern(m, comm, src, tag)?;
+    if let Some(found) = super::stall::peek_stash(m, comm, (bits, ignore, addr)) {
+        return Ok(Some(found));
     }
     let cid = comm_cid(comm);
-    let (bits, ignore) = m.layout.recv_bits(cid, src, tag);
     let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
     let mut r = Request::internal(Kind::Probe, comm);
     r.pending.store(1, Ordering::Release);
@@ -1791,6 +1881,16 @@ fn improbe_impl(
         };
         let (b, d, len) = (u.hdr.bits, u.hdr.data, u.hdr.len as usize);
         return publish_message(m, comm, Claimed::Soft(u), b, d, len, flag, message, status);
+    }
+    if m.has_stash.load(Ordering::SeqCst) {
+        let p = match pattern(m, comm, src, tag) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
+        if let Some(c) = super::stall::claim_stash(m, comm, p) {
+            let (b, d, len) = (c.matched_tag, c.matched_data, c.status.count);
+            return publish_message(m, comm, Claimed::Fabric(c), b, d, len, flag, message, status);
+        }
     }
     let found = match peek(m, comm, src, tag) {
         Ok(f) => f,

@@ -6,6 +6,7 @@ pub mod component;
 pub mod datapath;
 pub mod setup;
 pub mod softmatch;
+pub mod stall;
 pub mod tag;
 
 pub use setup::init_module;

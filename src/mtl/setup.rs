@@ -422,6 +422,9 @@ pub fn init_module(
         deferred_sends: Default::default(),
         has_deferred_sends: Default::default(),
         has_deferred: Default::default(),
+        has_stash: Default::default(),
+        breaker_busy: Default::default(),
+        fast_posts: Default::default(),
     });
     let mut state = state;
     if soft {
@@ -698,15 +701,18 @@ pub fn finalize() {
         drop(res);
     }
     if let Some(mut m) = m {
+        super::stall::discard_all(&m);
         overflow_unmap(&m);
         if let Some(sm) = m.soft.as_mut() {
             sm.free_bounces();
         }
         let c = &m.counters;
         log::debug!(
-            "finalize: {} completion errors, {} EAGAIN retries, {} received messages rejected",
+            "finalize: {} completion errors, {} EAGAIN retries, {} messages taken off a full \
+             receive queue, {} received messages rejected",
             c.cq_errors.load(Ordering::Relaxed),
             c.eagain.load(Ordering::Relaxed),
+            c.stalls_broken.load(Ordering::Relaxed),
             c.bad_envelopes.load(Ordering::Relaxed)
                 + m.soft
                     .as_ref()

@@ -194,6 +194,16 @@ impl TagLayout {
         (m, ignore)
     }
 
+    /// Match and ignore bits that take every message a user's receive could match,
+    /// on any communicator and from any source: a tag of 0 or more, plain or
+    /// synchronous; never a negative tag (Open MPI's own) nor an acknowledgement.
+    /// What the MTL peeks for when the provider's receive queue is full (stall.rs).
+    pub fn user_any(&self) -> (u64, u64) {
+        let cid = ((1u64 << self.cid_bits) - 1) << self.cid_shift;
+        let source = self.source_mask << self.source_shift;
+        (0, cid | source | (self.tag_mask >> 1) | self.sync)
+    }
+
     /// The tag of the acknowledgement of synchronous send `id` (what the sender posts
     /// a receive for, and what the receiver sends back).
     #[inline]
@@ -305,6 +315,28 @@ mod tests {
 
     fn matches(recv: (u64, u64), sent: u64) -> bool {
         (recv.0 & !recv.1) == (sent & !recv.1)
+    }
+
+    #[test]
+    fn user_any_takes_user_messages_only() {
+        for mode in [TagMode::Full, TagMode::Tag1, TagMode::Tag2] {
+            let l = TagLayout::new(mode);
+            let any = l.user_any();
+            for cid in [0, 1, l.max_cid() as u32] {
+                for src in [0, 3, l.max_source().min(1 << 17) as i32] {
+                    for tag in [0, 1, l.max_tag()] {
+                        for p in [Proto::Plain, Proto::Sync] {
+                            assert!(matches(any, l.send_tag(cid, src, tag, p)), "{mode:?}");
+                        }
+                    }
+                    for tag in [-2, -27] {
+                        assert!(!matches(any, l.send_tag(cid, src, tag, Proto::Plain)));
+                    }
+                }
+            }
+            assert!(!matches(any, l.ack_tag(0)));
+            assert!(!matches(any, l.ack_tag(77)));
+        }
     }
 
     #[test]

@@ -1,0 +1,350 @@
+//! More receives than the provider's queue holds, under provider matching.
+//!
+//! A receive that finds the provider's queue full waits in [`Deferred`] and is posted
+//! when a slot frees. That alone deadlocks when the message that would free a slot
+//! cannot be sent before a *waiting* receive matches: 5000 receives posted, then the
+//! peer's blocking `MPI_Ssend` (or rendezvous `MPI_Send`) for the last one. The
+//! message sits in the provider's unexpected queue, where no posted receive takes it
+//! (the C MTL spins forever inside `MPI_Irecv` instead).
+//!
+//! So while receives of the user's class wait and the provider has no room for them,
+//! an idle progress call breaks the stall: it peeks for the first unexpected message
+//! of the user's class ([`TagLayout::user_any`]), receives exactly that message into a
+//! buffer of its size, and hands it to the earliest waiting receive it matches, as the
+//! provider would have had that receive been posted. A message no waiting receive
+//! matches is kept in the *stash*; every receive and probe looks there first from then
+//! on. MPI order holds: a provider-unexpected message matched no posted receive when
+//! it arrived nor any posted since (the provider checks its unexpected queue when a
+//! receive is posted), the waiting receives are younger than every posted one, and the
+//! stash only ever holds the oldest unexpected messages, taken in arrival order.
+//!
+//! A synchronous send is acknowledged when a receive takes its message, not when it
+//! enters the stash. Everything here holds the `deferred` lock, so no receive of the
+//! user's class reaches the provider meanwhile (threads posting on the fast path are
+//! waited for, see `Mtl::fast_posts`).
+//!
+//! [`Deferred`]: super::datapath::Deferred
+//! [`TagLayout::user_any`]: super::tag::TagLayout::user_any
+
+use super::datapath::{
+    envelope, fi_to_ompi, peer_addr, recv_done, retry, wait_until, Deferred, Kind, Mtl,
+    Request, FI_ADDR_UNSPEC,
+};
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Messages taken off the provider per idle progress call and receive context.
+const BATCH: usize = 64;
+
+/// Does a message of `bits`/`data` match a receive posted with `want`/`ignore` and
+/// source address `addr` on `comm`?
+fn matches(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    want: u64,
+    ignore: u64,
+    addr: u64,
+    bits: u64,
+    data: u64,
+) -> bool {
+    if (bits ^ want) & !ignore != 0 {
+        return false;
+    }
+    if addr == FI_ADDR_UNSPEC {
+        return true;
+    }
+    // A named source that travels in the CQ data (the full layout).
+    match envelope(m, comm, bits, data) {
+        Ok(env) => peer_addr(comm, env.source) == Ok(addr),
+        Err(_) => false,
+    }
+}
+
+/// Does stashed message `s` match receive `r`?
+///
+/// # Safety
+/// `r` must be a live receive with its match bits and address set.
+unsafe fn matches_recv(m: &Mtl, r: *const Request, s: &Request) -> bool {
+    // SAFETY: forwarded.
+    let (comm, want, ignore, addr) =
+        unsafe { ((*r).comm, (*r).matched_tag, (*r).matched_data, (*r).post_addr) };
+    matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data)
+}
+
+/// Take the oldest stashed message receive `r` matches.
+///
+/// # Safety
+/// As [`matches_recv`].
+pub(super) unsafe fn take_for_recv(
+    m: &Mtl,
+    d: &mut Deferred,
+    r: *const Request,
+) -> Option<Box<Request>> {
+    // SAFETY: forwarded.
+    let i = d.stash.iter().position(|s| unsafe { matches_recv(m, r, s) })?;
+    let s = d.stash.remove(i);
+    if d.stash.is_empty() {
+        m.has_stash.store(false, Ordering::SeqCst);
+    }
+    s
+}
+
+/// The oldest stashed message a probe of (`comm`, `want`/`ignore`, `addr`) matches.
+fn find(
+    m: &Mtl,
+    d: &Deferred,
+    comm: *mut sys::ompi_communicator_t,
+    (want, ignore, addr): (u64, u64, u64),
+) -> Option<usize> {
+    d.stash
+        .iter()
+        .position(|s| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
+}
+
+/// `MPI_Iprobe` of the stash: tag bits, CQ data and length of the oldest match.
+pub(super) fn peek_stash(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    pattern: (u64, u64, u64),
+) -> Option<(u64, u64, usize)> {
+    if !m.has_stash.load(Ordering::SeqCst) {
+        return None;
+    }
+    let d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    let s = &d.stash[find(m, &d, comm, pattern)?];
+    Some((s.matched_tag, s.matched_data, s.status.count))
+}
+
+/// `MPI_Improbe` of the stash: the oldest match, taken out and acknowledged (an
+/// mprobe matches a synchronous send), as a claimed message of `comm`.
+pub(super) fn claim_stash(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    pattern: (u64, u64, u64),
+) -> Option<Box<Request>> {
+    if !m.has_stash.load(Ordering::SeqCst) {
+        return None;
+    }
+    let mut s = {
+        let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        let i = find(m, &d, comm, pattern)?;
+        let s = d.stash.remove(i)?;
+        if d.stash.is_empty() {
+            m.has_stash.store(false, Ordering::SeqCst);
+        }
+        s
+    };
+    s.comm = comm;
+    s.kind = Kind::Claim;
+    acknowledge(m, comm, &s);
+    Some(s)
+}
+
+/// A synchronous send's message was matched: tell its sender.
+fn acknowledge(m: &Mtl, comm: *mut sys::ompi_communicator_t, s: &Request) {
+    if let Ok(env) = envelope(m, comm, s.matched_tag, s.matched_data) {
+        if env.proto == super::tag::Proto::Sync {
+            super::datapath::send_ack(m, comm, env.source, env.sync_id);
+        }
+    }
+}
+
+/// Complete receive `r` (taken off the waiting queue, never posted) with stashed
+/// message `s`: copy, unpack, acknowledge, report. Call without the `deferred` lock.
+///
+/// # Safety
+/// `r` must be a live receive that is in no queue any more.
+pub(super) unsafe fn deliver(m: &Mtl, r: *mut Request, s: Box<Request>) {
+    let len = s.status.count;
+    // SAFETY: r is live; its buffer holds r.length bytes, ours `len`.
+    unsafe {
+        let n = len.min((*r).length);
+        if n > 0 {
+            ptr::copy_nonoverlapping(s.buffer, (*r).buffer, n);
+        }
+        recv_done(
+            m,
+            r,
+            s.matched_tag,
+            s.matched_data,
+            len,
+            true,
+            sys::MPI_SUCCESS as c_int,
+        );
+    }
+    free(s);
+}
+
+fn free(s: Box<Request>) {
+    if s.owns_buffer {
+        // SAFETY: allocated in take_first, referenced by nothing else.
+        unsafe { libc::free(s.buffer as *mut c_void) };
+    }
+}
+
+/// Drop every stashed message (finalize): they were never received.
+pub(super) fn discard_all(m: &Mtl) {
+    let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    if !d.stash.is_empty() {
+        log::info!(
+            "finalize: {} messages taken off a full provider queue were never received",
+            d.stash.len()
+        );
+    }
+    for s in d.stash.drain(..) {
+        free(s);
+    }
+    m.has_stash.store(false, Ordering::SeqCst);
+}
+
+/// Clears the flag it holds when dropped.
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Break a stall if there is one (see the module documentation). Called from an idle
+/// progress call while receives wait; a nested or concurrent call returns at once.
+pub(super) fn break_stall(m: &Mtl) {
+    if m.rx.room(false) || m.breaker_busy.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let _busy = Busy(&m.breaker_busy);
+    let mut ready: Vec<(*mut Request, Box<Request>)> = Vec::new();
+    {
+        // A progress call nested in a holder of the lock (a completion's
+        // acknowledgement) must not wait for it.
+        let Ok(mut d) = m.deferred.try_lock() else {
+            return;
+        };
+        if d.user.is_empty() || m.rx.room(false) {
+            return;
+        }
+        // Receives posted on the fast path by other threads land before we look.
+        while m.fast_posts.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        let (want, ignore) = m.layout.user_any();
+        let mut seen: Vec<*mut fi::fid_ep> = Vec::new();
+        for c in m.ctxs.iter() {
+            if seen.contains(&c.rx) {
+                continue;
+            }
+            seen.push(c.rx);
+            for _ in 0..BATCH {
+                let s = match take_first(m, c.rx, want, ignore) {
+                    Ok(Some(s)) => s,
+                    Ok(None) => break,
+                    Err(rc) => {
+                        log::error!(
+                            "taking a message off a full receive queue failed ({rc}); \
+                             receives waiting for room may not complete"
+                        );
+                        break;
+                    }
+                };
+                // SAFETY: waiting receives are live PML requests.
+                let i = d
+                    .user
+                    .iter()
+                    .position(|&r| unsafe { matches_recv(m, r as *const Request, &s) });
+                match i.and_then(|i| d.user.remove(i)) {
+                    Some(r) => ready.push((r as *mut Request, s)),
+                    None => {
+                        d.stash.push_back(s);
+                        m.has_stash.store(true, Ordering::SeqCst);
+                    }
+                }
+                m.counters.stalls_broken.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if d.user.is_empty() && d.internal.is_empty() {
+            m.has_deferred.store(false, Ordering::Release);
+        }
+    }
+    for (r, s) in ready {
+        // SAFETY: r was taken off the waiting queue: live and ours to complete.
+        unsafe { deliver(m, r, s) };
+    }
+}
+
+/// Peek on `rx` for the first unexpected message of `want`/`ignore` and receive exactly
+/// it (its tag bits, with nothing ignored) into a buffer of its length.
+fn take_first(
+    m: &Mtl,
+    rx: *mut fi::fid_ep,
+    want: u64,
+    ignore: u64,
+) -> Result<Option<Box<Request>>, c_int> {
+    let mut s = Box::new(Request::internal(Kind::Stash, ptr::null_mut()));
+    s.pending.store(1, Ordering::Release);
+    let msg = fi::fi_msg_tagged {
+        msg_iov: ptr::null(),
+        desc: ptr::null_mut(),
+        iov_count: 0,
+        addr: FI_ADDR_UNSPEC,
+        tag: want,
+        ignore,
+        context: s.ctx_ptr(),
+        data: 0,
+    };
+    let ret = retry(m, || {
+        // SAFETY: a peek transfers no data; msg and s outlive the wait below.
+        unsafe { fi::fi_trecvmsg(rx, &msg, fi::FI_PEEK as u64) }
+    });
+    if ret < 0 {
+        return Err(fi_to_ompi(ret));
+    }
+    wait_until(m, || s.pending.load(Ordering::Acquire) <= 0);
+    if !s.probe_found {
+        return Ok(None);
+    }
+    let (bits, len) = (s.matched_tag, s.status.count);
+    if len > 0 {
+        // SAFETY: plain allocation; checked.
+        let b = unsafe { libc::malloc(len) } as *mut u8;
+        if b.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        s.buffer = b;
+        s.length = len;
+        s.owns_buffer = true;
+    }
+    s.pending.store(1, Ordering::Release);
+    // The oldest unexpected message with exactly these bits is the one peeked (it was
+    // the oldest of all): a plain receive takes it, through every protocol of the
+    // provider's (a claim would not gather rxm's segmented messages).
+    let (buf, ctx) = (s.buffer, s.ctx_ptr());
+    let ret = retry(m, || {
+        // SAFETY: buf holds len bytes until the receive completes (we wait below).
+        unsafe {
+            fi::fi_trecv(
+                rx,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                FI_ADDR_UNSPEC,
+                bits,
+                0,
+                ctx,
+            )
+        }
+    });
+    if ret < 0 {
+        free(s);
+        return Err(fi_to_ompi(ret));
+    }
+    wait_until(m, || s.pending.load(Ordering::Acquire) <= 0);
+    if s.status.error != 0 {
+        let rc = s.status.error;
+        free(s);
+        return Err(rc);
+    }
+    Ok(Some(s))
+}
