@@ -14,6 +14,11 @@
  *    provider here). The message for the last receive comes first, and that receive
  *    cannot be in a full provider queue: the MTL must match it anyway (with the C MTL,
  *    and with ours before 3 December 2026, the job hung here).
+ * 4. With --n receives waiting again, each rank sends its right neighbour a message no
+ *    receive matches yet: MPI_Issend of 8 bytes and MPI_Isend of 64 KiB. The Issend must
+ *    not complete while the receiver only progresses (the MTL may take the message off
+ *    the provider, but that is no match); MPI_Iprobe, then MPI_Mprobe/MPI_Mrecv and
+ *    MPI_Recv must find both.
  * Every payload and status is checked.
  *
  * Kept apart from comms because Open MPI 4.1.4's C MTL spins forever inside MPI_Irecv when
@@ -140,6 +145,64 @@ int main(int argc, char **argv)
         free(rbig); free(sbig);
     }
     t_info("%d receives matched last to first by blocking sends in %.2f s", n, t_now() - t0);
+
+    t_section("messages no waiting receive matches, with %d receives waiting", n);
+    {
+        const size_t big = 64 * 1024;
+        char *bigs = t_malloc(big), *bigr = t_malloc(big);
+        uint64_t small = t_seed(99, (uint64_t)t_rank, 0, 0), got = 0;
+        MPI_Request sreq[2];
+        MPI_Message msg;
+        MPI_Status s;
+        int flag = 0;
+        for (int i = 0; i < n; i++) {
+            rb[i] = 0;
+            T_CHECK_MPI(MPI_Irecv(&rb[i], 1, MPI_UINT64_T, i % 3 == 0 ? MPI_ANY_SOURCE : left, i, comm, &rq[i]));
+        }
+        T_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        t_fill(bigs, big, t_seed(100, (uint64_t)t_rank, 0, 0));
+        T_CHECK_MPI(MPI_Issend(&small, 1, MPI_UINT64_T, right, n + 1, comm, &sreq[0]));
+        T_CHECK_MPI(MPI_Isend(bigs, (int)big, MPI_BYTE, right, n + 2, comm, &sreq[1]));
+        t0 = t_now();
+        while (t_now() - t0 < 0.5) {
+            T_CHECK_MPI(MPI_Test(&sreq[0], &flag, MPI_STATUS_IGNORE));
+            if (flag)
+                t_fail("MPI_Issend completed before any receive matched it");
+        }
+        T_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        t0 = t_now();
+        do {
+            T_CHECK_MPI(MPI_Iprobe(left, n + 2, comm, &flag, &s));
+            if (t_now() - t0 > 20)
+                t_fail("MPI_Iprobe does not find the 64 KiB message");
+        } while (!flag);
+        t_check_status(&s, left, n + 2, MPI_BYTE, (int)big, "MPI_Iprobe of the 64 KiB message");
+        t_status_init(&s);
+        T_CHECK_MPI(MPI_Mprobe(MPI_ANY_SOURCE, n + 1, comm, &msg, &s));
+        t_check_status(&s, left, n + 1, MPI_UINT64_T, 1, "MPI_Mprobe of the synchronous message");
+        T_CHECK_MPI(MPI_Mrecv(&got, 1, MPI_UINT64_T, &msg, &s));
+        if (got != t_seed(99, (uint64_t)left, 0, 0))
+            t_fail("MPI_Mrecv of the synchronous message: wrong payload");
+        t_status_init(&s);
+        T_CHECK_MPI(MPI_Recv(bigr, (int)big, MPI_BYTE, left, n + 2, comm, &s));
+        t_check_status(&s, left, n + 2, MPI_BYTE, (int)big, "MPI_Recv of the 64 KiB message");
+        t_check(bigr, big, t_seed(100, (uint64_t)left, 0, 0), "MPI_Recv of the 64 KiB message");
+        T_CHECK_MPI(MPI_Waitall(2, sreq, MPI_STATUSES_IGNORE));
+        for (int i = 0; i < n; i++) {
+            sb[i] = t_seed(101, (uint64_t)t_rank, (uint64_t)i, 0);
+            T_CHECK_MPI(MPI_Isend(&sb[i], 1, MPI_UINT64_T, right, i, comm, &rq[n + i]));
+        }
+        t_status_init_n(st, 2 * n);
+        T_CHECK_MPI(MPI_Waitall(2 * n, rq, st));
+        for (int i = 0; i < n; i++) {
+            char w[80];
+            snprintf(w, sizeof(w), "receive #%d after the unmatched messages", i);
+            t_check_status(&st[i], left, i, MPI_UINT64_T, 1, w);
+            if (rb[i] != t_seed(101, (uint64_t)left, (uint64_t)i, 0))
+                t_fail("%s: wrong payload", w);
+        }
+        free(bigs); free(bigr);
+    }
 
     free(rq); free(st); free(sb); free(rb);
     T_CHECK_MPI(MPI_Comm_free(&comm));
