@@ -1889,7 +1889,17 @@ fn improbe_impl(
         };
         if let Some(c) = super::stall::claim_stash(m, comm, p) {
             let (b, d, len) = (c.matched_tag, c.matched_data, c.status.count);
-            return publish_message(m, comm, Claimed::Fabric(c), b, d, len, flag, message, status);
+            return publish_message(
+                m,
+                comm,
+                Claimed::Fabric(c),
+                b,
+                d,
+                len,
+                flag,
+                message,
+                status,
+            );
         }
     }
     let found = match peek(m, comm, src, tag) {

@@ -27,8 +27,8 @@
 //! [`TagLayout::user_any`]: super::tag::TagLayout::user_any
 
 use super::datapath::{
-    envelope, fi_to_ompi, peer_addr, recv_done, retry, wait_until, Deferred, Kind, Mtl,
-    Request, FI_ADDR_UNSPEC,
+    envelope, fi_to_ompi, peer_addr, recv_done, retry, wait_until, Deferred, Kind, Mtl, Request,
+    FI_ADDR_UNSPEC,
 };
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -69,8 +69,14 @@ fn matches(
 /// `r` must be a live receive with its match bits and address set.
 unsafe fn matches_recv(m: &Mtl, r: *const Request, s: &Request) -> bool {
     // SAFETY: forwarded.
-    let (comm, want, ignore, addr) =
-        unsafe { ((*r).comm, (*r).matched_tag, (*r).matched_data, (*r).post_addr) };
+    let (comm, want, ignore, addr) = unsafe {
+        (
+            (*r).comm,
+            (*r).matched_tag,
+            (*r).matched_data,
+            (*r).post_addr,
+        )
+    };
     matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data)
 }
 
@@ -84,7 +90,10 @@ pub(super) unsafe fn take_for_recv(
     r: *const Request,
 ) -> Option<Box<Request>> {
     // SAFETY: forwarded.
-    let i = d.stash.iter().position(|s| unsafe { matches_recv(m, r, s) })?;
+    let i = d
+        .stash
+        .iter()
+        .position(|s| unsafe { matches_recv(m, r, s) })?;
     let s = d.stash.remove(i);
     if d.stash.is_empty() {
         m.has_stash.store(false, Ordering::SeqCst);
