@@ -12,17 +12,23 @@
  *      MPI_ANY_SOURCE and the thread's tag;
  *   C. like B, but blocking MPI_Send/MPI_Recv with the left/right order alternating by
  *      rank parity, plus MPI_Iprobe/MPI_Improbe + MPI_Mrecv by odd threads.
+ *   D. more receives than a provider queue holds: each thread posts --many (default 1500,
+ *      1200 with --quick; 4 threads: more than the 3840 tcp;ofi_rxm takes) receives on
+ *      its own communicator, then sends to its peer thread in reverse tag order with
+ *      blocking MPI_Ssend (every 97th a 64 KiB MPI_Send), so the message for the last
+ *      receive comes first while the threads still post and progress concurrently.
  * Every payload carries (thread, iteration, source) in its pattern seed; every status is
  * checked. Threads report failures through the usual FAIL line (MPI_Abort).
  *
- * Options: --inject N, --iters N, --threads N (default 4).
+ * Options: --inject N, --iters N, --threads N (default 4), --many N.
  */
 #include "common.h"
 #include <pthread.h>
 
-static int nthreads = 4, iters = 200;
+static int nthreads = 4, iters = 200, many = 1500;
 static size_t inj;
 static MPI_Comm shared, own[16];
+static pthread_barrier_t posted; /* phase D: every thread has posted its receives */
 
 static size_t tsize(int it)
 {
@@ -36,6 +42,54 @@ static size_t tsize(int it)
 static uint64_t tseed(int phase, int thread, int it, int src)
 {
     return t_seed((uint64_t)phase * 100 + (uint64_t)thread, (uint64_t)it, (uint64_t)src, 0xabc);
+}
+
+static void past_full_queue(int t)
+{
+    const size_t big = 64 * 1024;
+    int right = (t_rank + 1) % t_size, left = (t_rank + t_size - 1) % t_size;
+    MPI_Comm c = own[t];
+    MPI_Request *rq = t_malloc(sizeof(*rq) * (size_t)many);
+    MPI_Status *st = t_malloc(sizeof(*st) * (size_t)many);
+    uint64_t *rb = t_malloc(sizeof(*rb) * (size_t)many), sv;
+    int nbig = many / 97 + 1;
+    uint8_t *rbig = t_malloc(big * (size_t)nbig), *sbig = t_malloc(big);
+    char what[200];
+
+    for (int i = 0; i < many; i++) {
+        int src = i % 3 == 0 ? MPI_ANY_SOURCE : left;
+        rb[i] = 0;
+        if (i % 97 == 0)
+            T_CHECK_MPI(MPI_Irecv(rbig + big * (size_t)(i / 97), (int)big, MPI_BYTE, src, i, c, &rq[i]));
+        else
+            T_CHECK_MPI(MPI_Irecv(&rb[i], 1, MPI_UINT64_T, src, i, c, &rq[i]));
+    }
+    pthread_barrier_wait(&posted);
+    T_CHECK_MPI(MPI_Barrier(c));
+    for (int i = many - 1; i >= 0; i--) {
+        t_touch();
+        if (i % 97 == 0) {
+            t_fill(sbig, big, tseed(3, t, i, t_rank));
+            T_CHECK_MPI(MPI_Send(sbig, (int)big, MPI_BYTE, right, i, c));
+        } else {
+            sv = tseed(3, t, i, t_rank);
+            T_CHECK_MPI(MPI_Ssend(&sv, 1, MPI_UINT64_T, right, i, c));
+        }
+    }
+    t_status_init_n(st, many);
+    T_CHECK_MPI(MPI_Waitall(many, rq, st));
+    for (int i = 0; i < many; i++) {
+        snprintf(what, sizeof(what), "phase D thread %d receive %d of %d", t, i, many);
+        if (i % 97 == 0) {
+            t_check_status_bytes(&st[i], left, i, big, what);
+            t_check(rbig + big * (size_t)(i / 97), big, tseed(3, t, i, left), what);
+        } else {
+            t_check_status(&st[i], left, i, MPI_UINT64_T, 1, what);
+            if (rb[i] != tseed(3, t, i, left))
+                t_fail("%s: wrong payload", what);
+        }
+    }
+    free(rq); free(st); free(rb); free(rbig); free(sbig);
 }
 
 static void *worker(void *arg)
@@ -104,6 +158,7 @@ static void *worker(void *arg)
             t_check_const(rb + n, 64, 0xee, what);
         }
     }
+    past_full_queue(t);
     free(sb);
     free(rb);
     return NULL;
@@ -131,10 +186,13 @@ int main(int argc, char **argv)
     if (nthreads < 1 || nthreads > 16)
         t_fail("--threads must be 1..16");
     iters = (int)t_opt_long("iters", NULL, t_quick ? 50 : 200);
+    many = (int)t_opt_long("many", NULL, t_quick ? 1200 : 1500);
     inj = t_inject();
     T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &shared));
     for (int t = 0; t < nthreads; t++)
         T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &own[t]));
+    if (pthread_barrier_init(&posted, NULL, (unsigned)nthreads) != 0)
+        t_fail("pthread_barrier_init failed");
     t_section("threads running");
     for (int t = 0; t < nthreads; t++)
         if (pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t) != 0)

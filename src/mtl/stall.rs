@@ -221,7 +221,7 @@ impl Drop for Busy<'_> {
 /// Break a stall if there is one (see the module documentation). Called from an idle
 /// progress call while receives wait; a nested or concurrent call returns at once.
 pub(super) fn break_stall(m: &Mtl) {
-    if m.rx.room(false) || m.breaker_busy.swap(true, Ordering::Acquire) {
+    if m.breaker_busy.swap(true, Ordering::Acquire) {
         return;
     }
     let _busy = Busy(&m.breaker_busy);
@@ -232,7 +232,9 @@ pub(super) fn break_stall(m: &Mtl) {
         let Ok(mut d) = m.deferred.try_lock() else {
             return;
         };
-        if d.user.is_empty() || m.rx.room(false) {
+        // Receives still waiting after the drain that precedes us: our budget or the
+        // provider itself (-FI_EAGAIN below our budget) had no room for them.
+        if d.user.is_empty() {
             return;
         }
         // Receives posted on the fast path by other threads land before we look.
