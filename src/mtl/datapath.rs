@@ -1772,6 +1772,24 @@ fn peek(
     let cid = comm_cid(comm);
     let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
     let mut r = Request::internal(Kind::Probe, comm);
+    peek_wait(m, &mut r, rx, addr, bits, ignore)?;
+    Ok(if r.probe_found {
+        Some((r.matched_tag, r.matched_data, r.status.count))
+    } else {
+        None
+    })
+}
+
+/// Peek on `rx` with `r` (a `Probe` or `Stash` request) and wait for the answer:
+/// `r.probe_found`, and then the message's tag bits, CQ data and length in `r`.
+pub(super) fn peek_wait(
+    m: &Mtl,
+    r: &mut Request,
+    rx: *mut fi::fid_ep,
+    addr: u64,
+    bits: u64,
+    ignore: u64,
+) -> Result<(), c_int> {
     r.pending.store(1, Ordering::Release);
     let msg = fi::fi_msg_tagged {
         msg_iov: ptr::null(),
@@ -1794,11 +1812,51 @@ fn peek(
     if r.status.error != 0 {
         return Err(r.status.error);
     }
-    Ok(if r.probe_found {
-        Some((r.matched_tag, r.matched_data, r.status.count))
-    } else {
-        None
-    })
+    Ok(())
+}
+
+/// Receive exactly the message a peek found (its tag bits, nothing ignored; from
+/// `addr`) into `r`'s buffer (`r.length` bytes, freed here on failure) and wait for it.
+/// The oldest unexpected message with these bits is the one peeked, so a plain receive
+/// takes it, through every protocol of the provider's (a claim would not gather
+/// ofi_rxm's segmented messages).
+pub(super) fn recv_exact(
+    m: &Mtl,
+    r: &mut Request,
+    rx: *mut fi::fid_ep,
+    addr: u64,
+    bits: u64,
+) -> Result<(), c_int> {
+    r.pending.store(1, Ordering::Release);
+    let (buf, len, ctx) = (r.buffer, r.length, r.ctx_ptr());
+    let ret = retry(m, || {
+        // SAFETY: buf holds len bytes until the receive completes (we wait below).
+        unsafe {
+            fi::fi_trecv(
+                rx,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                addr,
+                bits,
+                0,
+                ctx,
+            )
+        }
+    });
+    if ret < 0 {
+        if r.owns_buffer {
+            // SAFETY: not posted; ours.
+            unsafe { libc::free(buf as *mut c_void) };
+            r.owns_buffer = false;
+        }
+        return Err(fi_to_ompi(ret));
+    }
+    wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
+    if r.status.error != 0 {
+        return Err(r.status.error);
+    }
+    Ok(())
 }
 
 fn fill_status(status: *mut sys::ompi_status_public_t, env: &Envelope, len: usize) {
@@ -1882,95 +1940,15 @@ fn improbe_impl(
         let (b, d, len) = (u.hdr.bits, u.hdr.data, u.hdr.len as usize);
         return publish_message(m, comm, Claimed::Soft(u), b, d, len, flag, message, status);
     }
-    if m.has_stash.load(Ordering::SeqCst) {
-        let p = match pattern(m, comm, src, tag) {
-            Ok(p) => p,
-            Err(e) => return e,
-        };
-        if let Some(c) = super::stall::claim_stash(m, comm, p) {
-            let (b, d, len) = (c.matched_tag, c.matched_data, c.status.count);
-            return publish_message(
-                m,
-                comm,
-                Claimed::Fabric(c),
-                b,
-                d,
-                len,
-                flag,
-                message,
-                status,
-            );
+    let req = match claim_provider(m, comm, src, tag) {
+        Ok(Some(req)) => req,
+        Ok(None) => {
+            // SAFETY: flag is a valid out pointer.
+            unsafe { *flag = 0 };
+            return sys::OMPI_SUCCESS;
         }
-    }
-    let found = match peek(m, comm, src, tag) {
-        Ok(f) => f,
-        Err(e) => return e,
-    };
-    let Some((bits, data, len)) = found else {
-        // SAFETY: flag and message are valid out pointers.
-        unsafe {
-            *flag = 0;
-        }
-        return sys::OMPI_SUCCESS;
-    };
-    // Receive exactly that message now, so that no later receive can take it: same
-    // tag bits (communicator, source, tag, protocol) and, where the source does not
-    // travel in the tag, the same source address.
-    let source = match envelope(m, comm, bits, data) {
-        Ok(env) => env.source,
         Err(rc) => return rc,
     };
-    let mut addr = FI_ADDR_UNSPEC;
-    if m.layout.source_in_data() {
-        addr = match peer_addr(comm, source) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
-    }
-    let buf = if len > 0 {
-        // SAFETY: plain allocation; checked.
-        let b = unsafe { libc::malloc(len) } as *mut u8;
-        if b.is_null() {
-            return sys::OMPI_ERR_OUT_OF_RESOURCE;
-        }
-        b
-    } else {
-        ptr::null_mut()
-    };
-    let mut req = Box::new(Request::internal(Kind::Claim, comm));
-    req.buffer = buf;
-    req.length = len;
-    req.owns_buffer = !buf.is_null();
-    req.pending.store(1, Ordering::Release);
-    let ctx = req.ctx_ptr();
-    let cid = comm_cid(comm);
-    let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
-    let ret = retry(m, || {
-        // SAFETY: buf holds len bytes until the claim completes (we wait below).
-        unsafe {
-            fi::fi_trecv(
-                rx,
-                buf as *mut c_void,
-                len,
-                ptr::null_mut(),
-                addr,
-                bits,
-                0,
-                ctx,
-            )
-        }
-    });
-    if ret < 0 {
-        if !buf.is_null() {
-            // SAFETY: not posted.
-            unsafe { libc::free(buf as *mut c_void) };
-        }
-        return fi_to_ompi(ret);
-    }
-    wait_until(m, || req.pending.load(Ordering::Acquire) <= 0);
-    if req.status.error != 0 {
-        return req.status.error;
-    }
     let (mbits, mdata, mlen) = (req.matched_tag, req.matched_data, req.status.count);
     publish_message(
         m,
@@ -1983,6 +1961,60 @@ fn improbe_impl(
         message,
         status,
     )
+}
+
+/// `MPI_Improbe` under provider matching: take the oldest message of (`comm`, `src`,
+/// `tag`), from the stash (stall.rs) or the provider, received in full into our buffer.
+/// The `deferred` lock is held throughout, so that the stall breaker cannot take the
+/// message between the peek and the receive (the receive would then take the next
+/// message with the same bits).
+fn claim_provider(
+    m: &Mtl,
+    comm: *mut sys::ompi_communicator_t,
+    src: c_int,
+    tag: c_int,
+) -> Result<Option<Box<Request>>, c_int> {
+    let (bits, ignore, addr) = pattern(m, comm, src, tag)?;
+    let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = super::stall::claim_stash(m, &mut d, comm, (bits, ignore, addr)) {
+        return Ok(Some(c));
+    }
+    let cid = comm_cid(comm);
+    let rx = m.ctx(cid).rx;
+    let mut probe = Request::internal(Kind::Probe, comm);
+    peek_wait(m, &mut probe, rx, m.rx_addr(addr, cid), bits, ignore)?;
+    if !probe.probe_found {
+        return Ok(None);
+    }
+    let (bits, len) = (probe.matched_tag, probe.status.count);
+    // Receive exactly that message now, so that no later receive can take it: same
+    // tag bits (communicator, source, tag, protocol) and, where the source does not
+    // travel in the tag, the same source address.
+    let source = envelope(m, comm, bits, probe.matched_data)?.source;
+    let mut addr = FI_ADDR_UNSPEC;
+    if m.layout.source_in_data() {
+        addr = peer_addr(comm, source)?;
+    }
+    let mut req = Box::new(Request::internal(Kind::Claim, comm));
+    if len > 0 {
+        // SAFETY: plain allocation; checked.
+        let b = unsafe { libc::malloc(len) } as *mut u8;
+        if b.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        req.buffer = b;
+        req.length = len;
+        req.owns_buffer = true;
+    }
+    if let Err(rc) = recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits) {
+        if req.owns_buffer {
+            // SAFETY: allocated above; the failed receive no longer references it.
+            unsafe { libc::free(req.buffer as *mut c_void) };
+        }
+        return Err(rc);
+    }
+    drop(d);
+    Ok(Some(req))
 }
 
 /// Hand a claimed message to Open MPI as an `MPI_Message`.

@@ -27,7 +27,7 @@
 //! [`TagLayout::user_any`]: super::tag::TagLayout::user_any
 
 use super::datapath::{
-    envelope, fi_to_ompi, peer_addr, recv_done, retry, wait_until, Deferred, Kind, Mtl, Request,
+    envelope, peek_wait, peer_addr, recv_done, recv_exact, Deferred, Kind, Mtl, Request,
     FI_ADDR_UNSPEC,
 };
 use libfabric_sys as fi;
@@ -131,21 +131,18 @@ pub(super) fn peek_stash(
 /// mprobe matches a synchronous send), as a claimed message of `comm`.
 pub(super) fn claim_stash(
     m: &Mtl,
+    d: &mut Deferred,
     comm: *mut sys::ompi_communicator_t,
     pattern: (u64, u64, u64),
 ) -> Option<Box<Request>> {
-    if !m.has_stash.load(Ordering::SeqCst) {
+    if d.stash.is_empty() {
         return None;
     }
-    let mut s = {
-        let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-        let i = find(m, &d, comm, pattern)?;
-        let s = d.stash.remove(i)?;
-        if d.stash.is_empty() {
-            m.has_stash.store(false, Ordering::SeqCst);
-        }
-        s
-    };
+    let i = find(m, d, comm, pattern)?;
+    let mut s = d.stash.remove(i)?;
+    if d.stash.is_empty() {
+        m.has_stash.store(false, Ordering::SeqCst);
+    }
     s.comm = comm;
     s.kind = Kind::Claim;
     acknowledge(m, comm, &s);
@@ -294,25 +291,7 @@ fn take_first(
     ignore: u64,
 ) -> Result<Option<Box<Request>>, c_int> {
     let mut s = Box::new(Request::internal(Kind::Stash, ptr::null_mut()));
-    s.pending.store(1, Ordering::Release);
-    let msg = fi::fi_msg_tagged {
-        msg_iov: ptr::null(),
-        desc: ptr::null_mut(),
-        iov_count: 0,
-        addr: FI_ADDR_UNSPEC,
-        tag: want,
-        ignore,
-        context: s.ctx_ptr(),
-        data: 0,
-    };
-    let ret = retry(m, || {
-        // SAFETY: a peek transfers no data; msg and s outlive the wait below.
-        unsafe { fi::fi_trecvmsg(rx, &msg, fi::FI_PEEK as u64) }
-    });
-    if ret < 0 {
-        return Err(fi_to_ompi(ret));
-    }
-    wait_until(m, || s.pending.load(Ordering::Acquire) <= 0);
+    peek_wait(m, &mut s, rx, FI_ADDR_UNSPEC, want, ignore)?;
     if !s.probe_found {
         return Ok(None);
     }
@@ -327,33 +306,7 @@ fn take_first(
         s.length = len;
         s.owns_buffer = true;
     }
-    s.pending.store(1, Ordering::Release);
-    // The oldest unexpected message with exactly these bits is the one peeked (it was
-    // the oldest of all): a plain receive takes it, through every protocol of the
-    // provider's (a claim would not gather rxm's segmented messages).
-    let (buf, ctx) = (s.buffer, s.ctx_ptr());
-    let ret = retry(m, || {
-        // SAFETY: buf holds len bytes until the receive completes (we wait below).
-        unsafe {
-            fi::fi_trecv(
-                rx,
-                buf as *mut c_void,
-                len,
-                ptr::null_mut(),
-                FI_ADDR_UNSPEC,
-                bits,
-                0,
-                ctx,
-            )
-        }
-    });
-    if ret < 0 {
-        free(s);
-        return Err(fi_to_ompi(ret));
-    }
-    wait_until(m, || s.pending.load(Ordering::Acquire) <= 0);
-    if s.status.error != 0 {
-        let rc = s.status.error;
+    if let Err(rc) = recv_exact(m, &mut s, rx, FI_ADDR_UNSPEC, bits) {
         free(s);
         return Err(rc);
     }
