@@ -1816,7 +1816,8 @@ pub(super) fn peek_wait(
 }
 
 /// Receive exactly the message a peek found (its tag bits, nothing ignored; from
-/// `addr`) into `r`'s buffer (`r.length` bytes, freed here on failure) and wait for it.
+/// `addr`; `len` bytes) into a buffer of its size that `r` then owns, and wait for it.
+/// On failure `r` owns no buffer.
 /// The oldest unexpected message with these bits is the one peeked, so a plain receive
 /// takes it, through every protocol of the provider's (a claim would not gather
 /// ofi_rxm's segmented messages).
@@ -1826,9 +1827,20 @@ pub(super) fn recv_exact(
     rx: *mut fi::fid_ep,
     addr: u64,
     bits: u64,
+    len: usize,
 ) -> Result<(), c_int> {
+    if len > 0 {
+        // SAFETY: plain allocation; checked.
+        let b = unsafe { libc::malloc(len) } as *mut u8;
+        if b.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        r.buffer = b;
+        r.length = len;
+        r.owns_buffer = true;
+    }
     r.pending.store(1, Ordering::Release);
-    let (buf, len, ctx) = (r.buffer, r.length, r.ctx_ptr());
+    let (buf, ctx) = (r.buffer, r.ctx_ptr());
     let ret = retry(m, || {
         // SAFETY: buf holds len bytes until the receive completes (we wait below).
         unsafe {
@@ -1854,6 +1866,11 @@ pub(super) fn recv_exact(
     }
     wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
     if r.status.error != 0 {
+        if r.owns_buffer {
+            // SAFETY: the receive completed; nothing references the buffer.
+            unsafe { libc::free(r.buffer as *mut c_void) };
+            r.owns_buffer = false;
+        }
         return Err(r.status.error);
     }
     Ok(())
@@ -1996,23 +2013,7 @@ fn claim_provider(
         addr = peer_addr(comm, source)?;
     }
     let mut req = Box::new(Request::internal(Kind::Claim, comm));
-    if len > 0 {
-        // SAFETY: plain allocation; checked.
-        let b = unsafe { libc::malloc(len) } as *mut u8;
-        if b.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        req.buffer = b;
-        req.length = len;
-        req.owns_buffer = true;
-    }
-    if let Err(rc) = recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits) {
-        if req.owns_buffer {
-            // SAFETY: allocated above; the failed receive no longer references it.
-            unsafe { libc::free(req.buffer as *mut c_void) };
-        }
-        return Err(rc);
-    }
+    recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits, len)?;
     drop(d);
     Ok(Some(req))
 }

@@ -296,19 +296,6 @@ fn take_first(
         return Ok(None);
     }
     let (bits, len) = (s.matched_tag, s.status.count);
-    if len > 0 {
-        // SAFETY: plain allocation; checked.
-        let b = unsafe { libc::malloc(len) } as *mut u8;
-        if b.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        s.buffer = b;
-        s.length = len;
-        s.owns_buffer = true;
-    }
-    if let Err(rc) = recv_exact(m, &mut s, rx, FI_ADDR_UNSPEC, bits) {
-        free(s);
-        return Err(rc);
-    }
+    recv_exact(m, &mut s, rx, FI_ADDR_UNSPEC, bits, len)?;
     Ok(Some(s))
 }
