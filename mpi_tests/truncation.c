@@ -3,7 +3,8 @@
  * writes nothing past its buffer.
  *
  * The communicator has MPI_ERRORS_RETURN. For message/receive size pairs (1/0, inject/1,
- * inject+1/inject, 2000/1000, 4000/0: eager sizes; the program truncation_large includes
+ * inject+1/inject, 2000/1000, 4000/0, 12000/5000 (eager in pieces on shm: truncated in
+ * the middle of its second piece): eager sizes; the program truncation_large includes
  * this file with TRUNC_LARGE and uses 64K/1000, 4M/1M, 4M/0, 300000/299999: rendezvous
  * sizes, kept apart because Open MPI 4.1.4's ob1 overflows the receive buffer there when
  * the BTL offers RDMA get, see README.md) and each receive flavour (MPI_Recv, MPI_Irecv +
@@ -196,7 +197,7 @@ int main(int argc, char **argv)
     size_t pairs[][2] = { { 65536, 1000 }, { 4 << 20, 1 << 20 }, { 4 << 20, 0 }, { 300000, 299999 } };
     (void)inj;
 #else
-    size_t pairs[][2] = { { 1, 0 }, { inj, 1 }, { inj + 1, inj }, { 2000, 1000 }, { 4000, 0 } };
+    size_t pairs[][2] = { { 1, 0 }, { inj, 1 }, { inj + 1, inj }, { 2000, 1000 }, { 4000, 0 }, { 12000, 5000 } };
 #endif
     int npairs = (int)(sizeof(pairs) / sizeof(pairs[0]));
     T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

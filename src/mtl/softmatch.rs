@@ -11,6 +11,10 @@
 //! - `FIN`: the read is done (the sender's request completes; it also acknowledges a
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
+//! - `FRAG`: one piece of an eager message larger than the provider's inject size,
+//!   where a larger send is slow ([`SoftMatch::new`]'s `fragment`): every piece
+//!   carries the envelope, the message's length, its offset and a message id; the
+//!   receiver assembles the pieces and matches the message when the last arrives.
 //!
 //! The receiver keeps `BOUNCE_COUNT` receive buffers posted, a list of posted MPI
 //! receives and a list of unexpected messages, both in arrival order, under one lock.
@@ -45,6 +49,7 @@ const EAGER: u32 = 1;
 const RTS: u32 = 2;
 const FIN: u32 = 3;
 const ACK: u32 = 4;
+const FRAG: u32 = 5;
 
 /// The header of every message.
 #[repr(C)]
@@ -56,9 +61,10 @@ pub struct Hdr {
     pub bits: u64,
     /// The CQ-data word of the layout (the source in the full layout).
     pub data: u64,
-    /// Payload length (EAGER) or message length (RTS).
+    /// Payload length (EAGER), message length (RTS, FRAG).
     pub len: u64,
-    /// RTS: the sender's buffer and key.
+    /// RTS: the sender's buffer and key. FRAG: the offset of this piece and the
+    /// message id.
     pub addr: u64,
     pub key: u64,
     /// RTS/EAGER: the sender's request (for FIN/ACK); FIN/ACK: that request.
@@ -79,6 +85,8 @@ pub enum BadHdr {
     Length { header: u64, payload: usize },
     /// A FIN or ACK without a token.
     Token,
+    /// A FRAG piece that reaches past its message, or one without a message id.
+    Piece,
 }
 
 impl std::fmt::Display for BadHdr {
@@ -92,6 +100,7 @@ impl std::fmt::Display for BadHdr {
                 "length {header} in the header, {payload} payload bytes received"
             ),
             BadHdr::Token => write!(f, "a control message without a token"),
+            BadHdr::Piece => write!(f, "a piece outside its message, or without a message id"),
         }
     }
 }
@@ -162,6 +171,18 @@ impl Hdr {
                     return Err(bad_len());
                 }
             }
+            FRAG => {
+                if payload.is_empty() || h.len > eager_max as u64 {
+                    return Err(bad_len());
+                }
+                if h.key == 0
+                    || h.addr
+                        .checked_add(payload.len() as u64)
+                        .is_none_or(|end| end > h.len)
+                {
+                    return Err(BadHdr::Piece);
+                }
+            }
             FIN | ACK => {
                 if !payload.is_empty() || h.len != 0 {
                     return Err(bad_len());
@@ -196,9 +217,26 @@ pub struct Unexpected {
     pub payload: Vec<u8>,
 }
 
+/// An eager message whose pieces are arriving ([`FRAG`]).
+struct Partial {
+    /// The first piece's header (every piece must agree with it).
+    hdr: Hdr,
+    /// The posted receive it matched when its first piece arrived: the pieces go
+    /// straight into its buffer. Matching then is matching in order: the pieces of one
+    /// message are sent back to back and a peer's messages arrive in the order sent,
+    /// so nothing its sender sent later can arrive in between.
+    target: Option<*mut Request>,
+    /// Without a target: the message so far, queued as unexpected when whole.
+    payload: Vec<u8>,
+    /// Bytes received so far.
+    got: usize,
+}
+
 struct Lists {
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
+    /// Messages in pieces, by message id.
+    partial: std::collections::HashMap<u64, Partial>,
 }
 
 /// The software-matching state of the MTL.
@@ -219,6 +257,13 @@ pub struct SoftMatch {
     next_key: AtomicU64,
     /// Bytes per bounce buffer ([`BOUNCE_SMALL`] or [`BOUNCE_LARGE`]).
     bounce_size: usize,
+    /// Largest piece (header included) of an eager message sent in pieces; 0: such
+    /// messages go whole.
+    piece_max: usize,
+    /// Message ids of pieces: a random per-process base plus a counter.
+    next_piece_id: AtomicU64,
+    /// Messages assembled from pieces (a counter for the verbose summary).
+    pub assembled: AtomicU64,
 }
 
 // SAFETY: the raw pointers are our own heap requests, touched under `lists` or by the
@@ -235,13 +280,27 @@ fn lock(
 
 impl SoftMatch {
     /// `threads`: MPI_THREAD_MULTIPLE (progress may run on several threads);
-    /// `bounce_size`: bytes per receive buffer, the same on every rank of the job.
-    pub fn new(domain: Arc<Domain>, threads: bool, bounce_size: usize) -> SoftMatch {
+    /// `bounce_size`: bytes per receive buffer, the same on every rank of the job;
+    /// `piece_max`: send eager messages larger than this (the provider's inject size,
+    /// at most 4 KiB) as pieces of this size, for a provider where a send past its
+    /// inject size is slow (shm: `process_vm_readv`); 0 for none.
+    pub fn new(
+        domain: Arc<Domain>,
+        threads: bool,
+        bounce_size: usize,
+        piece_max: usize,
+    ) -> SoftMatch {
+        let piece_max = if piece_max > HDR_LEN {
+            piece_max.min(PIECE_BUF)
+        } else {
+            0
+        };
         SoftMatch {
             lists: crate::common::sync::MaybeMutex::new(
                 Lists {
                     posted: VecDeque::new(),
                     unexpected: VecDeque::new(),
+                    partial: std::collections::HashMap::new(),
                 },
                 threads,
             ),
@@ -253,6 +312,9 @@ impl SoftMatch {
             domain,
             next_key: AtomicU64::new(1),
             bounce_size,
+            piece_max,
+            next_piece_id: AtomicU64::new(random_base()),
+            assembled: AtomicU64::new(0),
         }
     }
 
@@ -317,6 +379,28 @@ impl SoftMatch {
     }
 }
 
+/// A random start for this process's message ids, so that the ids of two senders
+/// never meet at one receiver in practice (process ids can repeat across
+/// containers sharing a node).
+fn random_base() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: b has 8 writable bytes.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut c_void, 8, libc::GRND_NONBLOCK) };
+    let r = u64::from_ne_bytes(b);
+    let fallback = || {
+        // SAFETY: plain calls.
+        let pid = unsafe { libc::getpid() } as u64;
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (pid << 40) ^ t
+    };
+    let base = if n == 8 { r } else { fallback() };
+    // Never 0 (a piece's id must not be), even after the counter wraps: the low bit is
+    // set and the counter steps by 2.
+    base | 1
+}
+
 fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
     // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
@@ -367,6 +451,56 @@ fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
 
 /// [`send`] returned this: the message went out with inject, the request is done.
 pub const SENT_INLINE: c_int = 1;
+
+/// The stack buffer a piece or an injected message is built in.
+const PIECE_BUF: usize = 4096;
+
+/// Send the eager message of `hdr` (`len` payload bytes at `data`) as pieces of at
+/// most `sm.piece_max` bytes with inject. Returns the provider's code.
+///
+/// # Safety
+/// `data` must hold `len` bytes.
+unsafe fn send_pieces(
+    m: &Mtl,
+    sm: &SoftMatch,
+    hdr: &Hdr,
+    data: *const u8,
+    len: usize,
+    addr: u64,
+) -> isize {
+    let id = sm.next_piece_id.fetch_add(2, Ordering::Relaxed);
+    let step = sm.piece_max - HDR_LEN;
+    let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
+    let tmp = tmp.as_mut_ptr() as *mut u8;
+    let mut off = 0usize;
+    while off < len {
+        let n = step.min(len - off);
+        let h = Hdr {
+            kind: FRAG,
+            len: len as u64,
+            addr: off as u64,
+            key: id,
+            ..*hdr
+        };
+        // SAFETY: HDR_LEN + n <= piece_max <= PIECE_BUF; data holds len bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(&h as *const Hdr as *const u8, tmp, HDR_LEN);
+            ptr::copy_nonoverlapping(data.add(off), tmp.add(HDR_LEN), n);
+        }
+        let ret = datapath::retry(m, || {
+            // SAFETY: the first HDR_LEN + n bytes of tmp are initialised; inject
+            // copies them before returning.
+            unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, HDR_LEN + n, addr) }
+        });
+        if ret < 0 {
+            // The receiver holds the pieces so far until finalize; the error reaches
+            // the sender's caller.
+            return ret;
+        }
+        off += n;
+    }
+    0
+}
 
 /// Eager messages up to this size that do not fit the provider's inject are sent
 /// from a copy, and their request completes at once (see [`send`]). Above it the
@@ -502,12 +636,31 @@ pub unsafe fn send(
             sm.expect(r as u64, ACK);
         }
         let total = HDR_LEN + len;
+        if sm.piece_max > 0 && total > sm.piece_max {
+            if sync {
+                // Only the acknowledgement is left once the pieces are out.
+                rq.pending.store(1, Ordering::Release);
+            }
+            // SAFETY: ptr_ holds len bytes.
+            let ret = unsafe { send_pieces(m, sm, &rq.sm_hdr, ptr_, len, addr) };
+            if ret < 0 {
+                if sync {
+                    sm.forget(r as u64);
+                }
+                return datapath::fi_to_ompi(ret);
+            }
+            if sync {
+                return sys::OMPI_SUCCESS;
+            }
+            rq.pending.store(0, Ordering::Release);
+            return SENT_INLINE;
+        }
         if total <= m.inject_size && !sync {
             // Not zeroed: only the `total` bytes written below are handed to inject
             // (zeroing 4 KiB cost more than the rest of a small send).
-            let mut tmp = std::mem::MaybeUninit::<[u8; 4096]>::uninit();
+            let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
             let tmp = tmp.as_mut_ptr() as *mut u8;
-            if total <= 4096 {
+            if total <= PIECE_BUF {
                 // SAFETY: both sources hold the bytes copied; tmp has room for total.
                 unsafe {
                     ptr::copy_nonoverlapping(&rq.sm_hdr as *const Hdr as *const u8, tmp, HDR_LEN);
@@ -634,6 +787,9 @@ fn drop_mr(rq: &mut Request) {
 /// Where a matched message goes.
 enum Delivery {
     Eager(Vec<u8>),
+    /// An eager message in pieces, already copied into the receive's buffer (as much
+    /// of it as fits); the message's length.
+    Filled(usize),
     Rts,
 }
 
@@ -665,13 +821,20 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
     // Only acknowledgements and reads need the sender's address.
     let addr = || datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
     match what {
-        Delivery::Eager(owned) => {
-            let bytes = payload.unwrap_or(&owned);
-            let n = bytes.len().min(rq.length);
-            if n > 0 {
-                // SAFETY: rq.buffer holds rq.length bytes.
-                unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), rq.buffer, n) };
-            }
+        Delivery::Eager(_) | Delivery::Filled(_) => {
+            let len = match what {
+                Delivery::Filled(len) => len,
+                Delivery::Eager(ref owned) => {
+                    let bytes = payload.unwrap_or(owned);
+                    let n = bytes.len().min(rq.length);
+                    if n > 0 {
+                        // SAFETY: rq.buffer holds rq.length bytes.
+                        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), rq.buffer, n) };
+                    }
+                    bytes.len()
+                }
+                Delivery::Rts => unreachable!(),
+            };
             if l.proto(hdr.bits) == Proto::Sync {
                 control(m, addr(), ACK, hdr.token);
             }
@@ -682,7 +845,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                     r,
                     hdr.bits,
                     hdr.data,
-                    bytes.len(),
+                    len,
                     false,
                     sys::MPI_SUCCESS as c_int,
                 )
@@ -814,6 +977,56 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                 datapath::finish_part(r);
             }
         }
+        FRAG => {
+            let whole = {
+                let mut lists = lock(&sm.lists);
+                match add_piece(&mut lists, &hdr, payload) {
+                    Ok(Whole::Owned(h, bytes)) => {
+                        Ok(arrived(&mut lists, h, bytes)
+                            .map(|(r, h, b)| (r, h, Delivery::Eager(b))))
+                    }
+                    Ok(Whole::Filled(r, h)) => Ok(Some((r, h, Delivery::Filled(h.len as usize)))),
+                    Ok(Whole::Not) => {
+                        drop(lists);
+                        let _ = repost(m, b);
+                        return;
+                    }
+                    Err(target) => Err(target),
+                }
+            };
+            let _ = repost(m, b);
+            match whole {
+                Err(target) => {
+                    sm.rejected.fetch_add(1, Ordering::Relaxed);
+                    log::error!(
+                        "dropping a message in pieces: the piece at {} of {} bytes disagrees \
+                         with the pieces before it",
+                        hdr.addr,
+                        hdr.len
+                    );
+                    if let Some(r) = target {
+                        // SAFETY: r is the live receive the message had matched.
+                        unsafe {
+                            datapath::recv_done(
+                                m,
+                                r,
+                                hdr.bits,
+                                hdr.data,
+                                0,
+                                false,
+                                sys::MPI_ERR_INTERN as c_int,
+                            )
+                        };
+                    }
+                }
+                Ok(matched) => {
+                    sm.assembled.fetch_add(1, Ordering::Relaxed);
+                    if let Some((r, h, what)) = matched {
+                        deliver(m, r, h, what, None);
+                    }
+                }
+            }
+        }
         _ => {
             // EAGER or RTS (decode admits nothing else).
             let payload_len = (hdr.len as usize).min(payload.len());
@@ -843,6 +1056,104 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                 deliver(m, r, hdr, what, Some(&payload[..payload_len]));
             }
             let _ = repost(m, b);
+        }
+    }
+}
+
+/// What the piece just added completed.
+enum Whole {
+    /// Pieces are missing.
+    Not,
+    /// A message with a target, filled: deliver it.
+    Filled(*mut Request, Hdr),
+    /// A message without one: match it now, or queue it.
+    Owned(Hdr, Vec<u8>),
+}
+
+/// Add piece `hdr`/`payload` to its message. `Err` when the piece disagrees with the
+/// ones before it (its message is dropped; a receive it had matched fails).
+fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Option<*mut Request>> {
+    let len = hdr.len as usize;
+    if !lists.partial.contains_key(&hdr.key) {
+        let target = lists
+            .posted
+            .iter()
+            .position(|p| matches(p.bits, p.ignore, hdr.bits))
+            .and_then(|i| lists.posted.remove(i))
+            .map(|p| p.req);
+        lists.partial.insert(
+            hdr.key,
+            Partial {
+                hdr: Hdr { addr: 0, ..*hdr },
+                target,
+                payload: if target.is_some() {
+                    Vec::new()
+                } else {
+                    vec![0u8; len]
+                },
+                got: 0,
+            },
+        );
+    }
+    let p = lists.partial.get_mut(&hdr.key).expect("inserted above");
+    let first = &p.hdr;
+    let agrees = first.bits == hdr.bits
+        && first.data == hdr.data
+        && first.len == hdr.len
+        && first.token == hdr.token
+        && p.got + payload.len() <= len;
+    if !agrees {
+        let p = lists.partial.remove(&hdr.key).expect("present");
+        return Err(p.target);
+    }
+    // decode checked that the piece lies inside the message.
+    let at = hdr.addr as usize;
+    match p.target {
+        Some(r) => {
+            // SAFETY: r is a live receive we matched; its buffer holds rq.length bytes,
+            // and only the part of the piece below that is written.
+            unsafe {
+                let cap = (*r).length;
+                if at < cap {
+                    let n = payload.len().min(cap - at);
+                    ptr::copy_nonoverlapping(payload.as_ptr(), (*r).buffer.add(at), n);
+                }
+            }
+        }
+        None => p.payload[at..at + payload.len()].copy_from_slice(payload),
+    }
+    p.got += payload.len();
+    if p.got < len {
+        return Ok(Whole::Not);
+    }
+    let p = lists.partial.remove(&hdr.key).expect("present");
+    let whole = Hdr {
+        kind: EAGER,
+        addr: 0,
+        key: 0,
+        ..p.hdr
+    };
+    Ok(match p.target {
+        Some(r) => Whole::Filled(r, whole),
+        None => Whole::Owned(whole, p.payload),
+    })
+}
+
+/// A whole eager message arrived with its payload owned: match it with the first
+/// posted receive, or queue it as unexpected. Returns the receive to deliver to.
+fn arrived(lists: &mut Lists, hdr: Hdr, bytes: Vec<u8>) -> Option<(*mut Request, Hdr, Vec<u8>)> {
+    match lists
+        .posted
+        .iter()
+        .position(|p| matches(p.bits, p.ignore, hdr.bits))
+    {
+        Some(i) => lists.posted.remove(i).map(|p| (p.req, hdr, bytes)),
+        None => {
+            lists.unexpected.push_back(Unexpected {
+                hdr,
+                payload: bytes,
+            });
+            None
         }
     }
 }
@@ -1054,14 +1365,134 @@ mod tests {
         );
     }
 
+    fn piece(len: u64, addr: u64, key: u64, n: usize) -> Vec<u8> {
+        let h = Hdr {
+            kind: FRAG,
+            bits: 7,
+            data: 3,
+            len,
+            addr,
+            key,
+            token: 11,
+            ..Default::default()
+        };
+        frame(&h, &vec![5u8; n])
+    }
+
+    #[test]
+    fn pieces_decode_inside_their_message_only() {
+        let bytes = piece(10000, 4040, 9, 4040);
+        let ok = Hdr::decode(&bytes, EAGER_MAX_TEST).unwrap();
+        assert_eq!((ok.0.kind, ok.0.addr, ok.1.len()), (FRAG, 4040, 4040));
+        // the last piece ends exactly at the message's end
+        assert!(Hdr::decode(&piece(10000, 8080, 9, 1920), EAGER_MAX_TEST).is_ok());
+        for (bytes, why) in [
+            (piece(10000, 8081, 9, 1920), "past the end"),
+            (piece(10000, u64::MAX - 10, 9, 100), "offset overflows"),
+            (piece(10000, 0, 0, 100), "no message id"),
+        ] {
+            assert_eq!(
+                Hdr::decode(&bytes, EAGER_MAX_TEST).err(),
+                Some(BadHdr::Piece),
+                "{why}"
+            );
+        }
+        assert!(
+            matches!(
+                Hdr::decode(&piece(10000, 0, 9, 0), EAGER_MAX_TEST),
+                Err(BadHdr::Length { .. })
+            ),
+            "an empty piece"
+        );
+        assert!(
+            matches!(
+                Hdr::decode(&piece(EAGER_MAX_TEST as u64 + 1, 0, 9, 10), EAGER_MAX_TEST),
+                Err(BadHdr::Length { .. })
+            ),
+            "a message in pieces above the eager limit"
+        );
+    }
+
+    fn lists() -> Lists {
+        Lists {
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            partial: std::collections::HashMap::new(),
+        }
+    }
+
+    fn hdr_of(bytes: &[u8]) -> (Hdr, Vec<u8>) {
+        let (h, p) = Hdr::decode(bytes, EAGER_MAX_TEST).unwrap();
+        (h, p.to_vec())
+    }
+
+    #[test]
+    fn pieces_assemble_in_any_interleaving_of_messages() {
+        let mut l = lists();
+        let msg = |seed: u8, len: usize| -> Vec<u8> {
+            (0..len).map(|i| (i as u8).wrapping_mul(seed)).collect()
+        };
+        let (a, b) = (msg(3, 9000), msg(7, 5000));
+        let cut = |m: &[u8], key: u64, step: usize| -> Vec<(Hdr, Vec<u8>)> {
+            m.chunks(step)
+                .enumerate()
+                .map(|(i, c)| {
+                    let h = Hdr {
+                        kind: FRAG,
+                        bits: key,
+                        len: m.len() as u64,
+                        addr: (i * step) as u64,
+                        key,
+                        ..Default::default()
+                    };
+                    hdr_of(&frame(&h, c))
+                })
+                .collect()
+        };
+        let (pa, pb) = (cut(&a, 21, 4040), cut(&b, 23, 4040));
+        let order = [(&pa, 0), (&pb, 0), (&pa, 1), (&pb, 1), (&pa, 2)];
+        let mut done = vec![];
+        for (i, (ps, k)) in order.iter().enumerate() {
+            let (h, p) = &ps[*k];
+            match add_piece(&mut l, h, p) {
+                Ok(Whole::Not) => {}
+                Ok(Whole::Owned(h, bytes)) => done.push((i, h, bytes)),
+                _ => panic!("piece {i}"),
+            }
+        }
+        assert_eq!(done.len(), 2);
+        assert_eq!((done[0].0, done[0].1.kind, done[0].1.len), (3, EAGER, 5000));
+        assert_eq!(done[0].2, b);
+        assert_eq!((done[1].0, done[1].1.len), (4, 9000));
+        assert_eq!(done[1].2, a);
+        assert!(l.partial.is_empty());
+    }
+
+    #[test]
+    fn a_piece_that_disagrees_drops_its_message() {
+        let mut l = lists();
+        let (h, p) = hdr_of(&piece(6000, 0, 9, 4040));
+        assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
+        // same id, another length
+        let (h2, p2) = hdr_of(&piece(7000, 4040, 9, 1960));
+        assert!(matches!(add_piece(&mut l, &h2, &p2), Err(None)));
+        assert!(l.partial.is_empty());
+        // a repeated piece overfills its message
+        let (h, p) = hdr_of(&piece(6000, 0, 9, 4040));
+        assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
+        assert!(matches!(add_piece(&mut l, &h, &p), Err(None)));
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
             if let Ok((h, p)) = Hdr::decode(&bytes, EAGER_MAX_TEST) {
-                prop_assert!(matches!(h.kind, EAGER | RTS | FIN | ACK));
+                prop_assert!(matches!(h.kind, EAGER | RTS | FIN | ACK | FRAG));
                 prop_assert_eq!(p.len(), bytes.len() - HDR_LEN);
                 if h.kind == EAGER {
                     prop_assert_eq!(h.len as usize, p.len());
+                } else if h.kind == FRAG {
+                    prop_assert!(!p.is_empty() && h.addr + p.len() as u64 <= h.len);
                 } else {
                     prop_assert!(p.is_empty());
                 }
