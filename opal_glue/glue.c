@@ -55,6 +55,12 @@ ompi_proc_t *ompi_ofi_glue_comm_peer(ompi_communicator_t *comm, int rank)
     return ompi_comm_peer_lookup(comm, rank);
 }
 
+/* ompi_comm_lookup: the communicator of context id `cid`, or NULL. */
+ompi_communicator_t *ompi_ofi_glue_comm_lookup(uint32_t cid)
+{
+    return ompi_comm_lookup(cid);
+}
+
 /* The size of the communicator's remote group. */
 int ompi_ofi_glue_comm_remote_size(ompi_communicator_t *comm)
 {

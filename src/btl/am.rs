@@ -24,8 +24,88 @@ use std::sync::atomic::Ordering;
 /// Bytes of the wire header.
 pub const HDR: usize = 8;
 
-/// The largest message `sendi` builds on the stack to inject.
-const INLINE_MAX: usize = 4096;
+/// The largest message `sendi` builds on the stack to inject (and the largest piece).
+pub const INLINE_MAX: usize = 4096;
+
+/// Second byte of a piece's header.
+pub const PIECE_MAGIC: u8 = 0xA6;
+
+/// Bytes of a piece's header.
+pub const PIECE_HDR: usize = 24;
+
+/// Largest fragment payload sent in pieces; larger ones go whole (at 64 KiB the
+/// copies through the inject buffers cost more than shm's own path).
+pub const PIECE_LIMIT: usize = 16 << 10;
+
+/// The header of a piece on the wire: `[tag][PIECE_MAGIC][0][0][piece length, u32]`,
+/// then the message id (u64), the fragment's payload length (u32) and the piece's
+/// offset in it (u32), all little-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceHeader {
+    pub tag: u8,
+    pub len: u32,
+    pub id: u64,
+    pub total: u32,
+    pub offset: u32,
+}
+
+impl PieceHeader {
+    pub fn encode(self) -> [u8; PIECE_HDR] {
+        let mut b = [0u8; PIECE_HDR];
+        b[0] = self.tag;
+        b[1] = PIECE_MAGIC;
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.total.to_le_bytes());
+        b[20..24].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// Decode and check a received piece (`bytes` is everything that arrived).
+    pub fn decode(bytes: &[u8]) -> Result<(PieceHeader, &[u8]), BadAm> {
+        if bytes.len() < PIECE_HDR {
+            return Err(BadAm::Short(bytes.len()));
+        }
+        if bytes[1] != PIECE_MAGIC || bytes[2] != 0 || bytes[3] != 0 {
+            return Err(BadAm::Format);
+        }
+        if bytes[0] as u32 >= sys::MCA_BTL_TAG_MAX {
+            return Err(BadAm::Tag(bytes[0]));
+        }
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&bytes[8..16]);
+        let h = PieceHeader {
+            tag: bytes[0],
+            len: u32_at(4),
+            id: u64::from_le_bytes(id),
+            total: u32_at(16),
+            offset: u32_at(20),
+        };
+        let payload = &bytes[PIECE_HDR..];
+        if h.len as usize != payload.len() || h.len == 0 {
+            return Err(BadAm::Length {
+                header: h.len,
+                received: payload.len(),
+            });
+        }
+        if h.id == 0
+            || h.total as usize > PIECE_LIMIT
+            || h.offset as u64 + h.len as u64 > h.total as u64
+        {
+            return Err(BadAm::Piece);
+        }
+        Ok((h, payload))
+    }
+}
+
+/// A fragment whose pieces are arriving.
+pub struct Assembly {
+    tag: u8,
+    payload: Vec<u8>,
+    got: usize,
+}
 
 /// Second byte of every header: a corrupted or foreign message rarely has it.
 pub const AM_MAGIC: u8 = 0xA5;
@@ -49,6 +129,9 @@ pub enum BadAm {
     Tag(u8),
     /// The header's payload length is not what arrived.
     Length { header: u32, received: usize },
+    /// A piece outside its fragment, without a message id, or that disagrees with the
+    /// pieces before it.
+    Piece,
 }
 
 impl std::fmt::Display for BadAm {
@@ -60,6 +143,10 @@ impl std::fmt::Display for BadAm {
             BadAm::Length { header, received } => write!(
                 f,
                 "the header says {header} payload bytes, {received} arrived"
+            ),
+            BadAm::Piece => write!(
+                f,
+                "a piece outside its fragment, without an id, or unlike the pieces before it"
             ),
         }
     }
@@ -157,6 +244,9 @@ pub struct Frag {
     pub buf: *mut u8,
     pub cap: usize,
     pub mr: Option<MemoryRegion>,
+    /// Sent in pieces: payload bytes already out, and the message id (0: none yet).
+    pub sent: usize,
+    pub piece_id: u64,
 }
 
 /// A pre-posted receive buffer.
@@ -213,6 +303,8 @@ pub(super) fn get_frag(st: &State) -> Option<*mut Frag> {
         buf,
         cap,
         mr,
+        sent: 0,
+        piece_id: 0,
     });
     Some(Box::into_raw(f))
 }
@@ -242,6 +334,8 @@ pub(super) unsafe fn prime(
         fr.base.des_flags = flags;
         fr.base.order = order;
         fr.ctx = Ctx::new(Kind::Send);
+        fr.sent = 0;
+        fr.piece_id = 0;
     }
 }
 
@@ -369,13 +463,18 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
         // (A provider never reports more than the posted length; clamp anyway.)
         // SAFETY: rb is live; its buffer holds cap bytes, the first len received.
         let bytes = unsafe { std::slice::from_raw_parts((*rb).buf, len.min((*rb).cap)) };
-        match AmHeader::decode(bytes) {
-            // SAFETY: mp is live; the payload (HDR bytes into the buffer, h.len long,
-            // checked against what arrived) stays ours until we repost below.
-            Ok((h, _)) => unsafe { dispatch(mp, h.tag, (*rb).buf.add(HDR), h.len as usize) },
-            Err(e) => {
-                st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-                log::error!("dropping a received fragment on {}: {e}", st.provider);
+        if bytes.len() > 1 && bytes[1] == PIECE_MAGIC {
+            // SAFETY: mp is live; rb stays ours until reposted below.
+            unsafe { piece_arrived(mp, bytes) };
+        } else {
+            match AmHeader::decode(bytes) {
+                // SAFETY: mp is live; the payload (HDR bytes into the buffer, h.len long,
+                // checked against what arrived) stays ours until we repost below.
+                Ok((h, _)) => unsafe { dispatch(mp, h.tag, (*rb).buf.add(HDR), h.len as usize) },
+                Err(e) => {
+                    st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                    log::error!("dropping a received fragment on {}: {e}", st.provider);
+                }
             }
         }
     }
@@ -385,6 +484,50 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
     // SAFETY: rb is ours and no longer posted.
     if let Err(e) = unsafe { repost(st, rb) } {
         log::error!("re-posting a receive buffer on {}: {e}", st.provider);
+    }
+}
+
+/// A piece arrived: add it to its fragment; dispatch the fragment when it is whole.
+///
+/// # Safety
+/// `mp` is the live module.
+unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    let whole = PieceHeader::decode(bytes).and_then(|(h, chunk)| {
+        let mut asm = lock(&st.assembly);
+        let a = asm.entry(h.id).or_insert_with(|| Assembly {
+            tag: h.tag,
+            payload: vec![0u8; h.total as usize],
+            got: 0,
+        });
+        if a.tag != h.tag
+            || a.payload.len() != h.total as usize
+            || a.got + chunk.len() > a.payload.len()
+        {
+            asm.remove(&h.id);
+            return Err(BadAm::Piece);
+        }
+        let at = h.offset as usize;
+        a.payload[at..at + chunk.len()].copy_from_slice(chunk);
+        a.got += chunk.len();
+        if a.got < a.payload.len() {
+            return Ok(None);
+        }
+        Ok(asm.remove(&h.id))
+    });
+    match whole {
+        Ok(None) => {}
+        Ok(Some(mut a)) => {
+            st.assembled.fetch_add(1, Ordering::Relaxed);
+            let len = a.payload.len();
+            // SAFETY: the payload holds len bytes and lives until the callback returns.
+            unsafe { dispatch(mp, a.tag, a.payload.as_mut_ptr(), len) };
+        }
+        Err(e) => {
+            st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+            log::error!("dropping a received piece on {}: {e}", st.provider);
+        }
     }
 }
 
@@ -492,6 +635,11 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
         st.fi(|| unsafe { st.tx().inject(fr.buf as *const c_void, len, st.to(dest)) })?;
         return Ok(true);
     }
+    if st.piece_max > PIECE_HDR && len - HDR <= PIECE_LIMIT {
+        // SAFETY: forwarded.
+        unsafe { send_pieces(st, fr, st.to(dest)) }?;
+        return Ok(true);
+    }
     let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
     let ctx = fr.ctx.as_op_context();
     // SAFETY: the fragment (buffer and context) stays ours until the completion.
@@ -501,6 +649,45 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
     })?;
     st.send_outstanding.fetch_add(1, Ordering::AcqRel);
     Ok(false)
+}
+
+/// Send the payload of `fr` as pieces (see the module documentation), from where an
+/// earlier call stopped: `Err(AGAIN)` leaves `fr.sent` at the pieces already out, and
+/// the fragment waits in order for progress to call again.
+///
+/// # Safety
+/// `fr` is a primed fragment with its header written.
+unsafe fn send_pieces(st: &State, fr: &mut Frag, to: u64) -> Result<(), Error> {
+    let total = fr.segment.seg_len as usize;
+    let step = st.piece_max - PIECE_HDR;
+    if fr.piece_id == 0 {
+        fr.piece_id = st.next_piece_id.fetch_add(2, Ordering::Relaxed);
+    }
+    // SAFETY: the tag is the first byte of the header written before posting.
+    let tag = unsafe { *fr.buf };
+    let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
+    let b = buf.as_mut_ptr() as *mut u8;
+    while fr.sent < total {
+        let n = step.min(total - fr.sent);
+        let h = PieceHeader {
+            tag,
+            len: n as u32,
+            id: fr.piece_id,
+            total: total as u32,
+            offset: fr.sent as u32,
+        }
+        .encode();
+        // SAFETY: b has room for PIECE_HDR + n <= piece_max <= INLINE_MAX bytes; the
+        // fragment holds total payload bytes after its header.
+        unsafe {
+            ptr::copy_nonoverlapping(h.as_ptr(), b, PIECE_HDR);
+            ptr::copy_nonoverlapping(fr.buf.add(HDR + fr.sent), b.add(PIECE_HDR), n);
+        }
+        // SAFETY: the first PIECE_HDR + n bytes of b are written; inject copies them.
+        st.fi(|| unsafe { st.tx().inject(b as *const c_void, PIECE_HDR + n, to) })?;
+        fr.sent += n;
+    }
+    Ok(())
 }
 
 /// Post queued sends in order until the provider pushes back again.
@@ -862,6 +1049,64 @@ mod tests {
                 header: 3,
                 received: 4
             })
+        );
+    }
+
+    fn piece(id: u64, total: u32, offset: u32, n: usize) -> Vec<u8> {
+        let mut v = PieceHeader {
+            tag: 0x41,
+            len: n as u32,
+            id,
+            total,
+            offset,
+        }
+        .encode()
+        .to_vec();
+        v.extend(std::iter::repeat_n(7u8, n));
+        v
+    }
+
+    #[test]
+    fn pieces_decode_inside_their_fragment_only() {
+        let bytes = piece(9, 8000, 4072, 3928);
+        let (h, p) = PieceHeader::decode(&bytes).unwrap();
+        assert_eq!(
+            (h.tag, h.id, h.total, h.offset, p.len()),
+            (0x41, 9, 8000, 4072, 3928)
+        );
+        for (bytes, why) in [
+            (piece(9, 8000, 4073, 3928), "past the end"),
+            (piece(0, 8000, 0, 100), "no id"),
+            (
+                piece(9, PIECE_LIMIT as u32 + 1, 0, 100),
+                "a fragment above the piece limit",
+            ),
+            (piece(9, 8000, u32::MAX, 100), "offset overflows"),
+        ] {
+            assert_eq!(
+                PieceHeader::decode(&bytes).err(),
+                Some(BadAm::Piece),
+                "{why}"
+            );
+        }
+        assert!(matches!(
+            PieceHeader::decode(&piece(9, 8000, 0, 0)),
+            Err(BadAm::Length { .. })
+        ));
+        let mut b = piece(9, 8000, 0, 10);
+        b.push(0);
+        assert!(
+            PieceHeader::decode(&b).is_err(),
+            "longer than its header says"
+        );
+        // an ordinary fragment is not a piece, and a piece is not an ordinary fragment
+        assert_eq!(
+            PieceHeader::decode(&frame(0x41, &[0u8; 40])).err(),
+            Some(BadAm::Format)
+        );
+        assert_eq!(
+            AmHeader::decode(&piece(9, 8000, 0, 10)).err(),
+            Some(BadAm::Format)
         );
     }
 

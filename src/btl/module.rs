@@ -84,6 +84,15 @@ pub struct State {
     pub prov_key: bool,
     pub mr_access: u64,
     pub inject_size: usize,
+    /// Fragments past the inject size up to [`am::PIECE_LIMIT`] go as trains of
+    /// injects of at most this many bytes, 0 for never (see `am::send_pieces`).
+    pub piece_max: usize,
+    /// Message ids of pieces: a random per-process base, stepped by 2.
+    pub next_piece_id: AtomicU64,
+    /// Fragments arriving in pieces, by message id.
+    pub assembly: Mutex<std::collections::HashMap<u64, am::Assembly>>,
+    /// Fragments assembled from pieces.
+    pub assembled: AtomicU64,
     /// Payload bytes of a fragment (the module's max_send_size).
     pub frag_payload: usize,
     pub num_cq_read: usize,
@@ -926,6 +935,14 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,
             mr_access: access,
             inject_size,
+            piece_max: if crate::common::quirks::of(&provider).send_past_inject_slow {
+                inject_size.min(am::INLINE_MAX)
+            } else {
+                0
+            },
+            next_piece_id: AtomicU64::new(crate::common::random_odd()),
+            assembly: Mutex::new(std::collections::HashMap::new()),
+            assembled: AtomicU64::new(0),
             frag_payload,
             num_cq_read,
             progress_threshold: param(idx::PROGRESS_THRESHOLD).max(0) as usize,
@@ -1303,7 +1320,8 @@ unsafe fn destroy(mp: *mut Module) {
     let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     log::info!(
         "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
-         {} received fragments dropped, {} sends and {} RDMA operations outstanding",
+         {} received fragments dropped, {} assembled from pieces, {} sends and {} RDMA operations \
+         outstanding",
         ops[0],
         ops[1],
         ops[2],
@@ -1311,6 +1329,7 @@ unsafe fn destroy(mp: *mut Module) {
         ops[4],
         st.cq_errors.load(Ordering::Relaxed),
         st.bad_fragments.load(Ordering::Relaxed),
+        st.assembled.load(Ordering::Relaxed),
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );

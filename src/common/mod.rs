@@ -48,6 +48,35 @@ pub fn close_output() {
     }
 }
 
+/// A random odd number: the start of this process's message ids for pieces (the MTL's
+/// software matching, the BTL), so that the ids of two senders never meet at one
+/// receiver in practice (process ids can repeat across containers sharing a node).
+/// Stepped by 2, an id is never 0.
+pub fn random_odd() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: b has 8 writable bytes.
+    let n = unsafe {
+        libc::getrandom(
+            b.as_mut_ptr() as *mut std::os::raw::c_void,
+            8,
+            libc::GRND_NONBLOCK,
+        )
+    };
+    let r = u64::from_ne_bytes(b);
+    let fallback = || {
+        // SAFETY: plain calls.
+        let pid = unsafe { libc::getpid() } as u64;
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (pid << 40) ^ t
+    };
+    let base = if n == 8 { r } else { fallback() };
+    // Never 0 (a piece's id must not be), even after the counter wraps: the low bit is
+    // set and the counter steps by 2.
+    base | 1
+}
+
 pub mod endpoint;
 pub mod locality;
 pub mod monitor;

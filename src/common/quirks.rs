@@ -39,6 +39,15 @@ pub struct Quirks {
     /// receiver that posts its receives in another order than the sends deadlocks.
     /// The MTL asks for [`UNEXPECTED_BUFFER`] bytes.
     pub unexpected_unbuffered: bool,
+    /// A receive posted after its message arrived meets the message only in the
+    /// provider's progress, which under automatic progress runs in the provider's own
+    /// thread at some later time (sockets). Until then `FI_PEEK` reports the message as
+    /// unexpected, and the MTL's stall breaker would receive it exactly while the
+    /// older receive took it (seen: "Stash failed: Truncation error" and hangs in
+    /// mpi_tests `threads --many 100` at 4 ranks, one run in six). The MTL asks for
+    /// manual progress there (unless `mtl_ofi_data_progress` says otherwise), so that
+    /// its own completion-queue reads do that matching.
+    pub lazy_matching: bool,
 }
 
 /// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
@@ -64,6 +73,7 @@ pub fn of(provider: &str) -> Quirks {
         send_past_inject_slow: layers.first() == Some(&"shm"),
         atomics_crash: layers.contains(&"ofi_rxd"),
         unexpected_unbuffered: layers.first() == Some(&"sockets"),
+        lazy_matching: layers.first() == Some(&"sockets"),
     }
 }
 

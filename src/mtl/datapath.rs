@@ -37,6 +37,10 @@ pub struct Mtl {
     pub inject_size: usize,
     /// `FI_DIRECTED_RECV` is in effect: named-source receives pass the source address.
     pub directed: bool,
+    /// The provider meets a receive with a message that arrived before it only in its
+    /// progress (`common::quirks::Quirks::lazy_matching`): a peek reads the completion
+    /// queue first.
+    pub lazy_matching: bool,
     pub events_per_progress: usize,
     pub lock: MaybeLock,
     /// Receives end with this many bytes of shared scratch, so that the provider never
@@ -66,6 +70,16 @@ pub struct Mtl {
     /// fast path of `irecv` (counted only with MPI threads): the stall breaker waits
     /// for them before it looks at the provider.
     pub fast_posts: AtomicUsize,
+    /// Receives posted to the provider from the deferred queue, or on the fast path
+    /// under MPI threads. The stall breaker runs only when none was posted since its
+    /// progress call read the completion queue: a receive posted after that read may
+    /// not have met a message that arrived before it yet (sockets matches them in its
+    /// progress), and a peek would report that message as unexpected.
+    pub posted_gen: std::sync::atomic::AtomicU64,
+    /// `MPI_Improbe` is between its peek and its exact receive (with MPI threads):
+    /// receives take the slow path, behind the `deferred` lock it holds, so that none
+    /// is posted to the provider in between.
+    pub claim_busy: std::sync::atomic::AtomicBool,
 }
 
 /// One transmit/receive context pair and the CQ both report to.
@@ -271,6 +285,8 @@ pub struct Counters {
     pub bad_envelopes: AtomicU64,
     /// Messages taken off the provider while receives waited for room (stall.rs).
     pub stalls_broken: AtomicU64,
+    /// Exact receives of a peeked message that another receive took (`recv_exact`).
+    pub exact_lost: AtomicU64,
     /// Completions read from each context's CQ, counted only with several contexts
     /// (a scalable endpoint with thread grouping).
     pub per_ctx: Box<[AtomicU64]>,
@@ -679,6 +695,7 @@ fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
 
 /// Read and dispatch completions. Returns how many were handled.
 pub fn progress_mtl(m: &Mtl) -> usize {
+    let gen = m.posted_gen.load(Ordering::SeqCst);
     let n = progress_cq(m);
     if m.has_deferred_sends.load(Ordering::Acquire) {
         post_deferred_sends(m);
@@ -686,7 +703,7 @@ pub fn progress_mtl(m: &Mtl) -> usize {
     if m.has_deferred.load(Ordering::Acquire) {
         post_deferred(m);
         if n == 0 && m.soft.is_none() {
-            super::stall::break_stall(m);
+            super::stall::break_stall(m, gen);
         }
     }
     n
@@ -1041,6 +1058,14 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                     true,
                     sys::MPI_ERR_TRUNCATE as c_int,
                 );
+            }
+        }
+        Kind::Claim | Kind::Stash if code == fi::FI_ECANCELED => {
+            // recv_exact's receive, cancelled: another receive took the message.
+            // SAFETY: live request its caller waits for.
+            unsafe {
+                (*r).status.cancelled = true;
+                (*r).pending.store(0, Ordering::Release);
             }
         }
         Kind::Recv if code == fi::FI_ECANCELED => {
@@ -1569,6 +1594,7 @@ fn irecv_impl(
     }
     if !m.has_deferred.load(Ordering::SeqCst)
         && !m.has_stash.load(Ordering::SeqCst)
+        && !m.claim_busy.load(Ordering::SeqCst)
         && m.rx.room(internal)
     {
         let ret = {
@@ -1580,6 +1606,9 @@ fn irecv_impl(
             }
         };
         if threads {
+            if ret >= 0 {
+                m.posted_gen.fetch_add(1, Ordering::SeqCst);
+            }
             m.fast_posts.fetch_sub(1, Ordering::SeqCst);
         }
         if ret >= 0 {
@@ -1718,6 +1747,9 @@ fn drain_deferred(m: &Mtl, deferred: &mut Deferred) {
                 break 'classes;
             }
             deferred.queue(internal).pop_front();
+            if ret >= 0 {
+                m.posted_gen.fetch_add(1, Ordering::SeqCst);
+            }
             if ret < 0 {
                 log::error!(
                     "posting a receive failed: {}",
@@ -1780,6 +1812,15 @@ fn peek(
     })
 }
 
+/// Clears `Mtl::claim_busy` when dropped.
+struct ClaimBusy<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for ClaimBusy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Peek on `rx` with `r` (a `Probe` or `Stash` request) and wait for the answer:
 /// `r.probe_found`, and then the message's tag bits, CQ data and length in `r`.
 pub(super) fn peek_wait(
@@ -1790,6 +1831,11 @@ pub(super) fn peek_wait(
     bits: u64,
     ignore: u64,
 ) -> Result<(), c_int> {
+    if m.lazy_matching {
+        // Receives posted so far meet the messages that arrived before them now, so
+        // that the peek does not report a message an older receive is about to take.
+        progress_cq(m);
+    }
     r.pending.store(1, Ordering::Release);
     let msg = fi::fi_msg_tagged {
         msg_iov: ptr::null(),
@@ -1817,7 +1863,8 @@ pub(super) fn peek_wait(
 
 /// Receive exactly the message a peek found (its tag bits, nothing ignored; from
 /// `addr`; `len` bytes) into a buffer of its size that `r` then owns, and wait for it.
-/// On failure `r` owns no buffer.
+/// `Ok(false)`: another receive of the provider's took the message (see below). On
+/// failure or `Ok(false)`, `r` owns no buffer.
 /// The oldest unexpected message with these bits is the one peeked, so a plain receive
 /// takes it, through every protocol of the provider's (a claim would not gather
 /// ofi_rxm's segmented messages).
@@ -1828,7 +1875,7 @@ pub(super) fn recv_exact(
     addr: u64,
     bits: u64,
     len: usize,
-) -> Result<(), c_int> {
+) -> Result<bool, c_int> {
     if len > 0 {
         // SAFETY: plain allocation; checked.
         let b = unsafe { libc::malloc(len) } as *mut u8;
@@ -1864,17 +1911,43 @@ pub(super) fn recv_exact(
         }
         return Err(fi_to_ompi(ret));
     }
-    wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
-    if r.status.error != 0 {
+    // The peeked message may go to a receive posted before this one that the
+    // provider had not matched it with yet when it answered the peek (sockets: a
+    // receive just drained from the deferred queue meets the buffered message only in
+    // the provider's next progress). This receive would then wait for a second message
+    // with these bits. So after a while it is cancelled: a receive the provider
+    // already matched (a large message still arriving) is not cancelled, and it
+    // completes as usual.
+    let start = std::time::Instant::now();
+    let mut cancel_sent = false;
+    while r.pending.load(Ordering::Acquire) > 0 {
+        if progress_mtl(m) == 0 {
+            idle();
+            if !cancel_sent && start.elapsed() > EXACT_PATIENCE {
+                cancel_sent = true;
+                // SAFETY: rx is the endpoint it was posted on; ctx is its context.
+                unsafe { fi::fi_cancel(&mut (*rx).fid, ctx) };
+            }
+        }
+    }
+    if r.status.error != 0 || r.status.cancelled {
         if r.owns_buffer {
             // SAFETY: the receive completed; nothing references the buffer.
             unsafe { libc::free(r.buffer as *mut c_void) };
             r.owns_buffer = false;
         }
+        if r.status.cancelled {
+            m.counters.exact_lost.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
         return Err(r.status.error);
     }
-    Ok(())
+    Ok(true)
 }
+
+/// How long [`recv_exact`] waits for a message it knows has arrived before it asks
+/// the provider whether another receive took it.
+const EXACT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(10);
 
 fn fill_status(status: *mut sys::ompi_status_public_t, env: &Envelope, len: usize) {
     if status.is_null() {
@@ -1996,6 +2069,14 @@ fn claim_provider(
     if let Some(c) = super::stall::claim_stash(m, &mut d, comm, (bits, ignore, addr)) {
         return Ok(Some(c));
     }
+    // No receive of another thread's gets into the provider until the message is ours.
+    let _busy = m.rx.threads().then(|| {
+        m.claim_busy.store(true, Ordering::SeqCst);
+        while m.fast_posts.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        ClaimBusy(&m.claim_busy)
+    });
     let cid = comm_cid(comm);
     let rx = m.ctx(cid).rx;
     let mut probe = Request::internal(Kind::Probe, comm);
@@ -2013,9 +2094,9 @@ fn claim_provider(
         addr = peer_addr(comm, source)?;
     }
     let mut req = Box::new(Request::internal(Kind::Claim, comm));
-    recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits, len)?;
+    let got = recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits, len)?;
     drop(d);
-    Ok(Some(req))
+    Ok(got.then_some(req))
 }
 
 /// Hand a claimed message to Open MPI as an `MPI_Message`.

@@ -229,6 +229,9 @@ pub fn init_module(
         if quirks.unexpected_unbuffered {
             h = h.total_buffered_recv(common::quirks::UNEXPECTED_BUFFER);
         }
+        if quirks.lazy_matching && param(idx::DATA_PROGRESS) == 0 {
+            h = h.data_progress(fi::FI_PROGRESS_MANUAL);
+        }
         common::open_domain(DomainRequest {
             component: "mtl",
             hints: h,
@@ -405,6 +408,7 @@ pub fn init_module(
         // Only the full layout needs directed receives (the source is not in the tag);
         // the others match the source in the tag bits.
         directed: directed && layout.source_in_data(),
+        lazy_matching: quirks.lazy_matching,
         events_per_progress: events,
         lock: datapath::MaybeLock::new(threaded_lock),
         overflow,
@@ -425,6 +429,8 @@ pub fn init_module(
         has_stash: Default::default(),
         breaker_busy: Default::default(),
         fast_posts: Default::default(),
+        posted_gen: Default::default(),
+        claim_busy: Default::default(),
     });
     let mut state = state;
     if soft {
@@ -717,10 +723,12 @@ pub fn finalize() {
         let c = &m.counters;
         log::debug!(
             "finalize: {} completion errors, {} EAGAIN retries, {} messages taken off a full \
-             receive queue, {} messages assembled from pieces, {} received messages rejected",
+             receive queue, {} peeked there that another receive took first, {} messages \
+             assembled from pieces, {} received messages rejected",
             c.cq_errors.load(Ordering::Relaxed),
             c.eagain.load(Ordering::Relaxed),
             c.stalls_broken.load(Ordering::Relaxed),
+            c.exact_lost.load(Ordering::Relaxed),
             m.soft
                 .as_ref()
                 .map_or(0, |sm| sm.assembled.load(Ordering::Relaxed)),

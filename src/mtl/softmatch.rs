@@ -313,7 +313,7 @@ impl SoftMatch {
             next_key: AtomicU64::new(1),
             bounce_size,
             piece_max,
-            next_piece_id: AtomicU64::new(random_base()),
+            next_piece_id: AtomicU64::new(crate::common::random_odd()),
             assembled: AtomicU64::new(0),
         }
     }
@@ -377,28 +377,6 @@ impl SoftMatch {
             }
         }
     }
-}
-
-/// A random start for this process's message ids, so that the ids of two senders
-/// never meet at one receiver in practice (process ids can repeat across
-/// containers sharing a node).
-fn random_base() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: b has 8 writable bytes.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut c_void, 8, libc::GRND_NONBLOCK) };
-    let r = u64::from_ne_bytes(b);
-    let fallback = || {
-        // SAFETY: plain calls.
-        let pid = unsafe { libc::getpid() } as u64;
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        (pid << 40) ^ t
-    };
-    let base = if n == 8 { r } else { fallback() };
-    // Never 0 (a piece's id must not be), even after the counter wraps: the low bit is
-    // set and the counter steps by 2.
-    base | 1
 }
 
 fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {

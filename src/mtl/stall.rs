@@ -216,8 +216,10 @@ impl Drop for Busy<'_> {
 }
 
 /// Break a stall if there is one (see the module documentation). Called from an idle
-/// progress call while receives wait; a nested or concurrent call returns at once.
-pub(super) fn break_stall(m: &Mtl) {
+/// progress call while receives wait; a nested or concurrent call returns at once, and
+/// so does one after which a receive was posted (`gen`: `Mtl::posted_gen` before the
+/// call read the completion queue).
+pub(super) fn break_stall(m: &Mtl, gen: u64) {
     if m.breaker_busy.swap(true, Ordering::Acquire) {
         return;
     }
@@ -237,6 +239,11 @@ pub(super) fn break_stall(m: &Mtl) {
         // Receives posted on the fast path by other threads land before we look.
         while m.fast_posts.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
+        }
+        // A receive posted since the completion queue was read may not have met its
+        // message yet: the next idle progress call looks again.
+        if m.posted_gen.load(Ordering::SeqCst) != gen {
+            return;
         }
         let (want, ignore) = m.layout.user_any();
         let mut seen: Vec<*mut fi::fid_ep> = Vec::new();
@@ -296,6 +303,27 @@ fn take_first(
         return Ok(None);
     }
     let (bits, len) = (s.matched_tag, s.status.count);
-    recv_exact(m, &mut s, rx, FI_ADDR_UNSPEC, bits, len)?;
-    Ok(Some(s))
+    let from = sender(m, bits, s.matched_data);
+    let got = recv_exact(m, &mut s, rx, from, bits, len)?;
+    Ok(got.then_some(s))
+}
+
+/// The address to receive a peeked message from: where the source travels in CQ data
+/// rather than in the tag bits, messages of several senders share the bits, and a
+/// receive from any address could take another sender's message than the one peeked
+/// (seen on sockets: "Stash failed: Truncation error" when the other was longer).
+fn sender(m: &Mtl, bits: u64, data: u64) -> u64 {
+    if !m.layout.source_in_data() {
+        return FI_ADDR_UNSPEC;
+    }
+    let cid = m.layout.cid(bits);
+    // SAFETY: a plain lookup in Open MPI's table of communicators.
+    let comm = unsafe { crate::ompi::glue::ompi_ofi_glue_comm_lookup(cid) };
+    if comm.is_null() {
+        return FI_ADDR_UNSPEC;
+    }
+    match envelope(m, comm, bits, data).and_then(|env| peer_addr(comm, env.source)) {
+        Ok(addr) => m.rx_addr(addr, cid),
+        Err(_) => FI_ADDR_UNSPEC,
+    }
 }

@@ -20,6 +20,7 @@ unsafe extern "C" {
         comm: *mut sys::ompi_communicator_t,
         rank: c_int,
     ) -> *mut sys::ompi_proc_t;
+    pub fn ompi_ofi_glue_comm_lookup(cid: u32) -> *mut sys::ompi_communicator_t;
     pub fn ompi_ofi_glue_comm_remote_size(comm: *mut sys::ompi_communicator_t) -> c_int;
     pub fn ompi_ofi_glue_convertor_info(
         conv: *mut sys::opal_convertor_t,
