@@ -782,17 +782,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
             // Logged; recv_done fails the receive on the same check. An RTS sender
             // is not told (it is not a peer we can name).
             // SAFETY: r is live.
-            unsafe {
-                datapath::recv_done(
-                    m,
-                    r,
-                    hdr.bits,
-                    hdr.data,
-                    0,
-                    false,
-                    sys::MPI_ERR_INTERN as c_int,
-                )
-            };
+            unsafe { fail_recv(m, r, &hdr) };
             return;
         }
     };
@@ -875,20 +865,30 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 rq.kind = Kind::Recv;
                 control(m, addr, FIN, hdr.token);
                 // SAFETY: r is live.
-                unsafe {
-                    datapath::recv_done(
-                        m,
-                        r,
-                        hdr.bits,
-                        hdr.data,
-                        0,
-                        false,
-                        sys::MPI_ERR_INTERN as c_int,
-                    )
-                };
+                unsafe { fail_recv(m, r, &hdr) };
             }
         }
     }
+}
+
+/// Complete receive `r`, matched with the message of `hdr`, with an internal error
+/// (already logged) and nothing received.
+///
+/// # Safety
+/// `r` must be a live receive of ours to complete.
+unsafe fn fail_recv(m: &Mtl, r: *mut Request, hdr: &Hdr) {
+    // SAFETY: forwarded.
+    unsafe {
+        datapath::recv_done(
+            m,
+            r,
+            hdr.bits,
+            hdr.data,
+            0,
+            false,
+            sys::MPI_ERR_INTERN as c_int,
+        )
+    };
 }
 
 /// A read into receive `r` finished: tell the sender, complete the receive.
@@ -984,17 +984,7 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                     );
                     if let Some(r) = target {
                         // SAFETY: r is the live receive the message had matched.
-                        unsafe {
-                            datapath::recv_done(
-                                m,
-                                r,
-                                hdr.bits,
-                                hdr.data,
-                                0,
-                                false,
-                                sys::MPI_ERR_INTERN as c_int,
-                            )
-                        };
+                        unsafe { fail_recv(m, r, &hdr) };
                     }
                 }
                 Ok(matched) => {
