@@ -495,7 +495,7 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     let whole = PieceHeader::decode(bytes).and_then(|(h, chunk)| {
-        let mut asm = lock(&st.assembly);
+        let mut asm = st.assembly.lock();
         let a = asm.entry(h.id).or_insert_with(|| Assembly {
             tag: h.tag,
             payload: vec![0u8; h.total as usize],

@@ -90,7 +90,7 @@ pub struct State {
     /// Message ids of pieces: a random per-process base, stepped by 2.
     pub next_piece_id: AtomicU64,
     /// Fragments arriving in pieces, by message id.
-    pub assembly: Mutex<std::collections::HashMap<u64, am::Assembly>>,
+    pub assembly: crate::common::sync::MaybeMutex<std::collections::HashMap<u64, am::Assembly>>,
     /// Fragments assembled from pieces.
     pub assembled: AtomicU64,
     /// Payload bytes of a fragment (the module's max_send_size).
@@ -941,7 +941,10 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
                 0
             },
             next_piece_id: AtomicU64::new(crate::common::random_odd()),
-            assembly: Mutex::new(std::collections::HashMap::new()),
+            assembly: crate::common::sync::MaybeMutex::new(
+                std::collections::HashMap::new(),
+                mpi_threads,
+            ),
             assembled: AtomicU64::new(0),
             frag_payload,
             num_cq_read,

@@ -1812,15 +1812,6 @@ fn peek(
     })
 }
 
-/// Clears `Mtl::claim_busy` when dropped.
-struct ClaimBusy<'a>(&'a std::sync::atomic::AtomicBool);
-
-impl Drop for ClaimBusy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
 /// Peek on `rx` with `r` (a `Probe` or `Stash` request) and wait for the answer:
 /// `r.probe_found`, and then the message's tag bits, CQ data and length in `r`.
 pub(super) fn peek_wait(
@@ -2075,7 +2066,7 @@ fn claim_provider(
         while m.fast_posts.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
-        ClaimBusy(&m.claim_busy)
+        super::stall::Busy(&m.claim_busy)
     });
     let cid = comm_cid(comm);
     let rx = m.ctx(cid).rx;

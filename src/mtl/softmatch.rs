@@ -12,9 +12,11 @@
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
 //! - `FRAG`: one piece of an eager message larger than the provider's inject size,
-//!   where a larger send is slow ([`SoftMatch::new`]'s `fragment`): every piece
-//!   carries the envelope, the message's length, its offset and a message id; the
-//!   receiver assembles the pieces and matches the message when the last arrives.
+//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`): every piece
+//!   carries the envelope, the message's length, its offset and a message id. The
+//!   first piece to arrive matches a posted receive, and the pieces are written
+//!   straight into it; without one, the receiver assembles the message and queues it
+//!   as unexpected when the last piece arrives.
 //!
 //! The receiver keeps `BOUNCE_COUNT` receive buffers posted, a list of posted MPI
 //! receives and a list of unexpected messages, both in arrival order, under one lock.
@@ -237,6 +239,17 @@ struct Lists {
     unexpected: VecDeque<Unexpected>,
     /// Messages in pieces, by message id.
     partial: std::collections::HashMap<u64, Partial>,
+}
+
+impl Lists {
+    /// Take the first posted receive that matches a message with envelope `bits`.
+    fn take_posted(&mut self, bits: u64) -> Option<*mut Request> {
+        let i = self
+            .posted
+            .iter()
+            .position(|p| matches(p.bits, p.ignore, bits))?;
+        self.posted.remove(i).map(|p| p.req)
+    }
 }
 
 /// The software-matching state of the MTL.
@@ -959,10 +972,16 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
             let whole = {
                 let mut lists = lock(&sm.lists);
                 match add_piece(&mut lists, &hdr, payload) {
-                    Ok(Whole::Owned(h, bytes)) => {
-                        Ok(arrived(&mut lists, h, bytes)
-                            .map(|(r, h, b)| (r, h, Delivery::Eager(b))))
-                    }
+                    Ok(Whole::Owned(h, bytes)) => match lists.take_posted(h.bits) {
+                        Some(r) => Ok(Some((r, h, Delivery::Eager(bytes)))),
+                        None => {
+                            lists.unexpected.push_back(Unexpected {
+                                hdr: h,
+                                payload: bytes,
+                            });
+                            Ok(None)
+                        }
+                    },
                     Ok(Whole::Filled(r, h)) => Ok(Some((r, h, Delivery::Filled(h.len as usize)))),
                     Ok(Whole::Not) => {
                         drop(lists);
@@ -1000,20 +1019,14 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
             let payload_len = (hdr.len as usize).min(payload.len());
             let matched = {
                 let mut lists = lock(&sm.lists);
-                match lists
-                    .posted
-                    .iter()
-                    .position(|p| matches(p.bits, p.ignore, hdr.bits))
-                {
-                    Some(i) => lists.posted.remove(i).map(|p| p.req),
-                    None => {
-                        lists.unexpected.push_back(Unexpected {
-                            hdr,
-                            payload: payload[..payload_len].to_vec(),
-                        });
-                        None
-                    }
+                let r = lists.take_posted(hdr.bits);
+                if r.is_none() {
+                    lists.unexpected.push_back(Unexpected {
+                        hdr,
+                        payload: payload[..payload_len].to_vec(),
+                    });
                 }
+                r
             };
             if let Some(r) = matched {
                 let what = if hdr.kind == EAGER {
@@ -1043,12 +1056,7 @@ enum Whole {
 fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Option<*mut Request>> {
     let len = hdr.len as usize;
     if !lists.partial.contains_key(&hdr.key) {
-        let target = lists
-            .posted
-            .iter()
-            .position(|p| matches(p.bits, p.ignore, hdr.bits))
-            .and_then(|i| lists.posted.remove(i))
-            .map(|p| p.req);
+        let target = lists.take_posted(hdr.bits);
         lists.partial.insert(
             hdr.key,
             Partial {
@@ -1105,25 +1113,6 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
         Some(r) => Whole::Filled(r, whole),
         None => Whole::Owned(whole, p.payload),
     })
-}
-
-/// A whole eager message arrived with its payload owned: match it with the first
-/// posted receive, or queue it as unexpected. Returns the receive to deliver to.
-fn arrived(lists: &mut Lists, hdr: Hdr, bytes: Vec<u8>) -> Option<(*mut Request, Hdr, Vec<u8>)> {
-    match lists
-        .posted
-        .iter()
-        .position(|p| matches(p.bits, p.ignore, hdr.bits))
-    {
-        Some(i) => lists.posted.remove(i).map(|p| (p.req, hdr, bytes)),
-        None => {
-            lists.unexpected.push_back(Unexpected {
-                hdr,
-                payload: bytes,
-            });
-            None
-        }
-    }
 }
 
 /// Post receive `r` (buffer, length and convertor already set).

@@ -206,12 +206,12 @@ pub(super) fn discard_all(m: &Mtl) {
     m.has_stash.store(false, Ordering::SeqCst);
 }
 
-/// Clears the flag it holds when dropped.
-struct Busy<'a>(&'a AtomicBool);
+/// Clears the flag it holds when dropped (`Mtl::breaker_busy`, `Mtl::claim_busy`).
+pub(super) struct Busy<'a>(pub(super) &'a AtomicBool);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
