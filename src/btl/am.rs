@@ -372,14 +372,27 @@ pub unsafe fn free_recv_buf(b: *mut RecvBuf) {
     }
 }
 
-/// Post `n` receive buffers on each receive context.
+/// How `rd_num` (`n`) fragments' worth of receive memory is posted: `(buffers,
+/// bytes each)`. Multi-receive buffers take one fragment after another, so the same
+/// memory goes as a quarter as many buffers, at least two (one fills while the other
+/// is posted again) of at least two largest fragments each.
+pub fn receive_layout(n: usize, frag: usize, multi: bool) -> (usize, usize) {
+    if !multi {
+        return (n, frag);
+    }
+    let count = n.div_ceil(4).max(2);
+    (count, n.div_ceil(count).max(2) * frag)
+}
+
+/// Post `n` receive buffers on each receive context (as multi-receive buffers, see
+/// [`receive_layout`], where the module has them).
 ///
 /// # Safety
 /// `mp` is a live module.
 pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
     // SAFETY: caller's contract.
     let st = unsafe { &(*mp).st };
-    let cap = HDR + st.frag_payload;
+    let (n, cap) = receive_layout(n, HDR + st.frag_payload, st.multi_recv);
     for cx in (0..st.ctxs.len()).flat_map(|cx| std::iter::repeat_n(cx, n)) {
         // SAFETY: plain allocation, checked.
         let buf = unsafe { libc::malloc(cap) } as *mut u8;
@@ -427,9 +440,12 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
         // SAFETY: the buffer and context live until the completion is reaped (or the
         // endpoint closes, before the buffer is freed).
         let ret = st.fi(|| unsafe {
-            st.ctxs[r.cx]
-                .rx
-                .recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
+            let rx = &st.ctxs[r.cx].rx;
+            if st.multi_recv {
+                rx.recv_multi(r.buf as *mut c_void, r.cap, desc, ctx)
+            } else {
+                rx.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
+            }
         });
         match ret {
             Err(Error::AGAIN) => {
@@ -442,14 +458,26 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     }
 }
 
-/// A receive completed: hand the payload to the registered callback, then repost.
+/// A receive completed: hand the payload to the registered callback, then repost the
+/// buffer (a multi-receive buffer only when the provider released it: `FI_MULTI_RECV`
+/// in `flags`; its fragment is at `buf`).
 ///
 /// # Safety
 /// `ctx` is the Ctx of one of our receive buffers.
-pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
+pub unsafe fn recv_complete(
+    mp: *mut Module,
+    ctx: *mut c_void,
+    len: usize,
+    err: i32,
+    buf: *const u8,
+    flags: u64,
+) {
     let rb = ctx as *mut RecvBuf; // Ctx is RecvBuf's first field
                                   // SAFETY: mp is the live module.
     let st = unsafe { &(*mp).st };
+    // SAFETY: rb is live until finalize.
+    let (base, cap) = unsafe { ((*rb).buf, (*rb).cap) };
+    let released = !st.multi_recv || flags & fi::FI_MULTI_RECV as u64 != 0;
     if err != 0 {
         if st.closing.load(Ordering::Relaxed) || err == fi::FI_ECANCELED as i32 {
             return;
@@ -459,26 +487,48 @@ pub unsafe fn recv_complete(mp: *mut Module, ctx: *mut c_void, len: usize, err: 
             st.provider,
             Error(err)
         );
-    } else {
-        // (A provider never reports more than the posted length; clamp anyway.)
-        // SAFETY: rb is live; its buffer holds cap bytes, the first len received.
-        let bytes = unsafe { std::slice::from_raw_parts((*rb).buf, len.min((*rb).cap)) };
-        if bytes.len() > 1 && bytes[1] == PIECE_MAGIC {
-            // SAFETY: mp is live; rb stays ours until reposted below.
-            unsafe { piece_arrived(mp, bytes) };
+    } else if !st.multi_recv || len > 0 {
+        // A multi-receive buffer may be released by a completion without a fragment.
+        let at = if st.multi_recv {
+            (buf as usize).wrapping_sub(base as usize)
         } else {
-            match AmHeader::decode(bytes) {
-                // SAFETY: mp is live; the payload (HDR bytes into the buffer, h.len long,
-                // checked against what arrived) stays ours until we repost below.
-                Ok((h, _)) => unsafe { dispatch(mp, h.tag, (*rb).buf.add(HDR), h.len as usize) },
-                Err(e) => {
-                    st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-                    log::error!("dropping a received fragment on {}: {e}", st.provider);
+            0
+        };
+        if at >= cap {
+            st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "dropping a fragment that {} placed outside its receive buffer ({buf:p}, \
+                 buffer {base:p} of {cap} bytes)",
+                st.provider
+            );
+        } else {
+            // (A provider never reports more than the posted length; clamp anyway.)
+            // SAFETY: inside rb's buffer, the bytes the provider wrote.
+            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), len.min(cap - at)) };
+            if bytes.len() > 1 && bytes[1] == PIECE_MAGIC {
+                // SAFETY: mp is live; rb stays ours until reposted below.
+                unsafe { piece_arrived(mp, bytes) };
+            } else {
+                match AmHeader::decode(bytes) {
+                    // SAFETY: mp is live; the payload (HDR bytes in, h.len long, checked
+                    // against what arrived) stays ours until we repost below.
+                    Ok((h, _)) => unsafe {
+                        dispatch(
+                            mp,
+                            h.tag,
+                            bytes.as_ptr().add(HDR) as *mut u8,
+                            h.len as usize,
+                        )
+                    },
+                    Err(e) => {
+                        st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                        log::error!("dropping a received fragment on {}: {e}", st.provider);
+                    }
                 }
             }
         }
     }
-    if st.closing.load(Ordering::Relaxed) {
+    if !released || st.closing.load(Ordering::Relaxed) {
         return;
     }
     // SAFETY: rb is ours and no longer posted.
@@ -1019,6 +1069,21 @@ pub(crate) extern "C" fn btl_sendi(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn multi_receive_buffers_hold_the_memory_of_rd_num_fragments() {
+        assert_eq!(receive_layout(8, 1000, false), (8, 1000));
+        assert_eq!(receive_layout(8, 1000, true), (2, 4000));
+        assert_eq!(receive_layout(1, 1000, true), (2, 2000));
+        assert_eq!(receive_layout(64, 1000, true), (16, 4000));
+        assert_eq!(receive_layout(9, 1000, true), (3, 3000));
+        for n in 1..=1024 {
+            let (count, bytes) = receive_layout(n, 1000, true);
+            assert!(count >= 2 && bytes >= 2000, "{n}");
+            assert!(count * bytes >= n * 1000, "{n}");
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

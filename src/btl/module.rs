@@ -95,6 +95,8 @@ pub struct State {
     pub assembled: AtomicU64,
     /// Payload bytes of a fragment (the module's max_send_size).
     pub frag_payload: usize,
+    /// The receive buffers are multi-receive buffers (`am::post_receives`).
+    pub multi_recv: bool,
     pub num_cq_read: usize,
     pub progress_threshold: usize,
     pub frags: Mutex<Vec<*mut Frag>>,
@@ -591,10 +593,13 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     } else {
         fi::FI_THREAD_DOMAIN
     };
-    let make_hints = |atomics: bool, delivery: bool| -> crate::fabric::Result<Hints> {
+    let make_hints = |atomics: bool, delivery: bool, multi: bool| -> crate::fabric::Result<Hints> {
         let mut caps = locality;
         if two_sided {
             caps |= (fi::FI_MSG | fi::FI_SEND | fi::FI_RECV) as u64;
+            if multi {
+                caps |= fi::FI_MULTI_RECV as u64;
+            }
         }
         if one_sided {
             caps |= (fi::FI_RMA
@@ -634,10 +639,15 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     } else {
         &[(false, false)]
     };
+    // Each with multi-receive buffers first (see `am::post_receives`), where they matter.
+    let multis: &[bool] = if two_sided { &[true, false] } else { &[false] };
     let mut failures = Vec::new();
     let mut opened = None;
-    for &(atomics, delivery) in attempts {
-        let hints = make_hints(atomics, delivery)
+    for (&(atomics, delivery), &multi) in attempts
+        .iter()
+        .flat_map(|a| multis.iter().map(move |m| (a, m)))
+    {
+        let hints = make_hints(atomics, delivery, multi)
             .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?;
         match common::open_domain(DomainRequest {
             component: "btl",
@@ -646,13 +656,13 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             spans_hosts: !all_local && role == Role::AllPeers,
         }) {
             Ok(d) => {
-                opened = Some((d, atomics, delivery));
+                opened = Some((d, atomics, delivery, multi));
                 break;
             }
             Err(e) => failures.push(e.to_string()),
         }
     }
-    let Some((domain, atomics, delivery)) = opened else {
+    let Some((domain, atomics, delivery, multi)) = opened else {
         failures.dedup();
         return Err(failures.join("; "));
     };
@@ -912,6 +922,27 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         sup.btl_latency = (sup.btl_latency / 2).max(1);
     }
     let frag_payload = sup.btl_max_send_size;
+    // Multi-receive buffers need the provider to release one before less than a
+    // largest fragment is left in it.
+    let multi_recv = multi
+        && ctxs.iter().all(|c| {
+            let min: usize = am::HDR + frag_payload;
+            // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
+            let r = unsafe {
+                c.rx.setopt(
+                    fi::FI_OPT_ENDPOINT as i32,
+                    fi::FI_OPT_MIN_MULTI_RECV as i32,
+                    &min,
+                )
+            };
+            if let Err(err) = &r {
+                log::info!(
+                    "provider {provider}: no minimum for multi-receive buffers ({err}); one \
+                     receive buffer per fragment"
+                );
+            }
+            r.is_ok()
+        });
     let module = Box::new(Module {
         sup,
         st: State {
@@ -947,6 +978,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             ),
             assembled: AtomicU64::new(0),
             frag_payload,
+            multi_recv,
             num_cq_read,
             progress_threshold: param(idx::PROGRESS_THRESHOLD).max(0) as usize,
             frags: Mutex::new(Vec::new()),
@@ -982,7 +1014,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // SAFETY: mp is live.
     let m = unsafe { &(*mp).sup };
     log::info!(
-        "provider {provider}{}: {}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
+        "provider {provider}{}: {}{}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
         if role == Role::OnHost {
             " (peers on this host)"
         } else {
@@ -992,6 +1024,15 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             (true, true) => "active messages and RDMA",
             (true, false) => "active messages only",
             _ => "RDMA only",
+        },
+        if two_sided {
+            let (n, bytes) = am::receive_layout(rd_num as usize, am::HDR + m.btl_max_send_size, multi_recv);
+            format!(
+                " ({n} {}receive buffers of {bytes} B)",
+                if multi_recv { "multi-" } else { "" }
+            )
+        } else {
+            String::new()
         },
         if delivery { " (delivery-complete)" } else { "" },
         mr_mode,
@@ -1066,7 +1107,7 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                 let n = done.len();
                 for e in done {
                     // SAFETY: every operation we post carries the Ctx of a live op.
-                    unsafe { dispatch(mp, e.op_context, e.len, 0) };
+                    unsafe { dispatch(mp, e.op_context, e.len, 0, e.buf, e.flags) };
                 }
                 total += n;
                 if n < want || total >= budget {
@@ -1087,7 +1128,7 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             );
                         }
                         // SAFETY: as above.
-                        unsafe { dispatch(mp, ce.op_context, ce.len, ce.err) };
+                        unsafe { dispatch(mp, ce.op_context, ce.len, ce.err, ce.buf, ce.flags) };
                         total += 1;
                     }
                     _ => break,
@@ -1104,11 +1145,19 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
     total
 }
 
-/// Route one completion (`err` 0 on success, else the positive FI_E* code).
+/// Route one completion (`err` 0 on success, else the positive FI_E* code; `buf` and
+/// `flags` as the completion gives them).
 ///
 /// # Safety
 /// `ctx` is the context of an operation posted by this module.
-unsafe fn dispatch(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
+unsafe fn dispatch(
+    mp: *mut Module,
+    ctx: *mut c_void,
+    len: usize,
+    err: i32,
+    buf: *mut c_void,
+    flags: u64,
+) {
     if ctx.is_null() {
         return;
     }
@@ -1118,7 +1167,7 @@ unsafe fn dispatch(mp: *mut Module, ctx: *mut c_void, len: usize, err: i32) {
     unsafe {
         match kind {
             am::Kind::Send => am::send_complete(mp, ctx, err),
-            am::Kind::Recv => am::recv_complete(mp, ctx, len, err),
+            am::Kind::Recv => am::recv_complete(mp, ctx, len, err, buf as *const u8, flags),
             am::Kind::Rdma => rdma::rdma_complete(mp, ctx, err),
         }
     }

@@ -497,6 +497,22 @@ impl Endpoint {
         posted(unsafe { fi::fi_recv(self.fid.as_ptr(), buf, len, desc, src, context) })
     }
 
+    /// `fi_recvmsg` of one multi-receive buffer (`FI_MULTI_RECV`) from any source.
+    ///
+    /// # Safety
+    /// As [`Endpoint::recv`].
+    #[inline]
+    pub unsafe fn recv_multi(
+        &self,
+        buf: *mut c_void,
+        len: usize,
+        desc: *mut c_void,
+        context: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the endpoint is open; the rest is the caller's contract.
+        posted(unsafe { recv_multi(self.fid.as_ptr(), buf, len, desc, context) })
+    }
+
     /// `fi_inject` (untagged, buffer reusable on return, no completion).
     ///
     /// # Safety
@@ -710,4 +726,36 @@ fn with_rma_msg<R>(
         data: 0,
     };
     f(&msg)
+}
+
+/// `fi_recvmsg(ep, ...)` of one multi-receive buffer (`FI_MULTI_RECV`) from any source;
+/// the provider's return value. For the data paths that keep raw endpoint pointers.
+///
+/// # Safety
+/// `ep` is an open endpoint; `buf` (and `desc`, a descriptor or null) stay valid until
+/// the provider releases the buffer or the endpoint closes; `context` as for `fi_recv`.
+#[inline]
+pub unsafe fn recv_multi(
+    ep: *mut fi::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    context: *mut c_void,
+) -> isize {
+    let mut iov = libc::iovec {
+        iov_base: buf,
+        iov_len: len,
+    };
+    let mut desc = desc;
+    let msg = fi::fi_msg {
+        msg_iov: &mut iov as *mut libc::iovec as *const _,
+        desc: &mut desc,
+        iov_count: 1,
+        addr: u64::MAX, // FI_ADDR_UNSPEC
+        context,
+        data: 0,
+    };
+    // SAFETY: msg and what it points to live for the call (the provider copies them);
+    // the rest is the caller's contract.
+    unsafe { fi::fi_recvmsg(ep, &msg, fi::FI_MULTI_RECV as u64) }
 }

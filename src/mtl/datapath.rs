@@ -849,8 +849,8 @@ unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
     match kind {
         Kind::Bounce => {
             if let Some(sm) = m.soft.as_deref() {
-                // SAFETY: r is one of the bounce requests.
-                unsafe { super::softmatch::bounce_done(m, sm, r, e.len) };
+                // SAFETY: r is one of the bounce requests, e its completion.
+                unsafe { super::softmatch::bounce_completed(m, sm, r, e) };
             }
         }
         Kind::SmRead => {

@@ -206,7 +206,11 @@ pub fn init_module(
         3 => true,
         _ => quirks.tag_matching_unsafe(),
     };
-    let refine = |deep: bool| -> Result<DomainHandle, String> {
+    // Software matching receives into a few multi-receive buffers where the provider
+    // offers them (`multi`): one buffer takes many messages, where a buffer per message
+    // costs a receive call per message (shm, 64-byte messages one way: 0.22 us against
+    // 0.34 us reposting per message, in a raw libfabric ping-pong).
+    let refine = |deep: bool, multi: bool| -> Result<DomainHandle, String> {
         let mut h = make_hints(!want_soft)
             .map_err(|e| format!("cannot allocate fi_info hints: {e}"))?
             .prov_name(&name);
@@ -217,6 +221,7 @@ pub fn init_module(
                     | fi::FI_RMA as u64
                     | fi::FI_READ as u64
                     | fi::FI_REMOTE_READ as u64
+                    | if multi { fi::FI_MULTI_RECV as u64 } else { 0 }
                     | locality,
             );
         }
@@ -240,18 +245,19 @@ pub fn init_module(
         })
         .map_err(|e| e.to_string())
     };
-    let domain = match refine(true) {
+    let domain = match refine(true, want_soft) {
         Ok(d) => d,
-        Err(_) if want_soft => {
-            refine(false).map_err(|e| format!("{name} with software matching: {e}"))?
-        }
+        Err(_) if want_soft => refine(false, true)
+            .or_else(|_| refine(true, false))
+            .or_else(|_| refine(false, false))
+            .map_err(|e| format!("{name} with software matching: {e}"))?,
         Err(_) => {
             log::warn!(
                 "provider {name} does not accept {RX_QUEUE} posted receives: a program that posts more \
                  receives than its queue holds before the matching sends can deadlock"
             );
             if quirks.unexpected_unbuffered {
-                refine(false).unwrap_or(domain)
+                refine(false, false).unwrap_or(domain)
             } else {
                 domain
             }
@@ -454,11 +460,33 @@ pub fn init_module(
         } else {
             0
         };
+        // Multi-receive buffers where the endpoint has them and takes the minimum
+        // free space: a largest message must always fit the rest of a buffer.
+        let multi = domain.info().caps() & fi::FI_MULTI_RECV as u64 != 0 && {
+            // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
+            match unsafe {
+                eps[0].setopt(
+                    fi::FI_OPT_ENDPOINT as i32,
+                    fi::FI_OPT_MIN_MULTI_RECV as i32,
+                    &bounce,
+                )
+            } {
+                Ok(()) => true,
+                Err(err) => {
+                    log::info!(
+                        "provider {provider}: no minimum for multi-receive buffers ({err}); \
+                         one receive buffer per message"
+                    );
+                    false
+                }
+            }
+        };
         let mut sm = Box::new(super::softmatch::SoftMatch::new(
             dom.clone(),
             mpi_threads,
             bounce,
             piece_max,
+            multi,
         ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
@@ -472,6 +500,7 @@ pub fn init_module(
         peers: Vec::new(),
     });
     let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
+    let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
     unsafe { sys::opal_progress_register(Some(datapath::progress_cb)) };
@@ -493,9 +522,8 @@ pub fn init_module(
         inject_size,
         if soft {
             format!(
-                "{} receive buffers, messages above {} bytes read from the sender",
-                super::softmatch::BOUNCE_COUNT,
-                soft_eager_max
+                "{}, messages above {} bytes read from the sender",
+                soft_buffers, soft_eager_max
             )
         } else {
             format!(

@@ -37,6 +37,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const BOUNCE_COUNT: usize = 64;
+/// Multi-receive buffers posted, where the provider offers `FI_MULTI_RECV`.
+pub const MULTI_COUNT: usize = 4;
+/// Largest messages one multi-receive buffer holds: with [`MULTI_COUNT`], as much
+/// memory as [`BOUNCE_COUNT`] single buffers.
+pub const MULTI_SLOTS: usize = BOUNCE_COUNT / MULTI_COUNT;
 pub const HDR_LEN: usize = std::mem::size_of::<Hdr>();
 /// Bounce buffers where an RMA read is cheap (shm: a single `process_vm_readv`), so
 /// that messages above 16 KiB are read straight into the receive buffer.
@@ -277,6 +282,11 @@ pub struct SoftMatch {
     next_piece_id: AtomicU64,
     /// Messages assembled from pieces (a counter for the verbose summary).
     pub assembled: AtomicU64,
+    /// The receive buffers are multi-receive buffers ([`MULTI_COUNT`] of
+    /// [`MULTI_SLOTS`] messages each): the provider fills one with message after
+    /// message and reports it released (`FI_MULTI_RECV`) when less than a largest
+    /// message is left.
+    multi: bool,
 }
 
 // SAFETY: the raw pointers are our own heap requests, touched under `lists` or by the
@@ -296,12 +306,15 @@ impl SoftMatch {
     /// `bounce_size`: bytes per receive buffer, the same on every rank of the job;
     /// `piece_max`: send eager messages larger than this (the provider's inject size,
     /// at most 4 KiB) as pieces of this size, for a provider where a send past its
-    /// inject size is slow (shm: `process_vm_readv`); 0 for none.
+    /// inject size is slow (shm: `process_vm_readv`); 0 for none; `multi`: receive
+    /// into multi-receive buffers (the endpoint has `FI_MULTI_RECV`, and its minimum
+    /// free space set to `bounce_size`).
     pub fn new(
         domain: Arc<Domain>,
         threads: bool,
         bounce_size: usize,
         piece_max: usize,
+        multi: bool,
     ) -> SoftMatch {
         let piece_max = if piece_max > HDR_LEN {
             piece_max.min(PIECE_BUF)
@@ -328,6 +341,7 @@ impl SoftMatch {
             piece_max,
             next_piece_id: AtomicU64::new(crate::common::random_odd()),
             assembled: AtomicU64::new(0),
+            multi,
         }
     }
 
@@ -336,21 +350,35 @@ impl SoftMatch {
         self.bounce_size - HDR_LEN
     }
 
+    /// The receive buffers, in words.
+    pub fn buffers(&self) -> String {
+        if self.multi {
+            format!("{MULTI_COUNT} multi-receive buffers of {MULTI_SLOTS} largest messages")
+        } else {
+            format!("{BOUNCE_COUNT} receive buffers")
+        }
+    }
+
     /// Allocate and post the bounce buffers (after the endpoint is enabled).
     pub fn post_bounces(&mut self, m: &Mtl) -> Result<(), c_int> {
-        for _ in 0..BOUNCE_COUNT {
+        let (count, size) = if self.multi {
+            (MULTI_COUNT, MULTI_SLOTS * self.bounce_size)
+        } else {
+            (BOUNCE_COUNT, self.bounce_size)
+        };
+        for _ in 0..count {
             let mut r = Box::new(Request::internal(Kind::Bounce, ptr::null_mut()));
             // SAFETY: plain allocation, checked.
-            let buf = unsafe { libc::malloc(self.bounce_size) } as *mut u8;
+            let buf = unsafe { libc::malloc(size) } as *mut u8;
             if buf.is_null() {
                 return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
             }
             r.buffer = buf;
-            r.length = self.bounce_size;
+            r.length = size;
             r.owns_buffer = true;
             let p = Box::into_raw(r);
             self.bounces.push(p);
-            repost(m, p)?;
+            repost(m, self, p)?;
         }
         Ok(())
     }
@@ -392,10 +420,16 @@ impl SoftMatch {
     }
 }
 
-fn repost(m: &Mtl, r: *mut Request) -> Result<(), c_int> {
+fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> Result<(), c_int> {
     // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
     let ret = datapath::retry(m, || {
+        if sm.multi {
+            // SAFETY: see above.
+            return unsafe {
+                crate::fabric::ep::recv_multi(m.ep(), buf as *mut c_void, len, ptr::null_mut(), ctx)
+            };
+        }
         // SAFETY: see above.
         unsafe {
             fi::fi_recv(
@@ -928,27 +962,60 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     };
 }
 
-/// A bounce buffer received a message of `len` bytes.
+/// A completion of receive buffer `b`: a message of `e.len` bytes at its start, or at
+/// `e.buf` in a multi-receive buffer, which the provider may also report released.
 ///
 /// # Safety
-/// `b` must be one of the bounce requests.
-pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) {
-    // SAFETY: forwarded; the buffer holds len received bytes.
-    // (A provider never reports more than the posted length; clamp anyway.)
-    // SAFETY: the bounce buffer holds bounce_size bytes, the first `len` received.
-    let bytes = unsafe { std::slice::from_raw_parts((*b).buffer, len.min((*b).length)) };
+/// `b` must be one of the bounce requests, and `e` its completion.
+pub unsafe fn bounce_completed(
+    m: &Mtl,
+    sm: &SoftMatch,
+    b: *mut Request,
+    e: &fi::fi_cq_tagged_entry,
+) {
+    // SAFETY: b is a bounce request; its buffer holds `length` bytes until finalize.
+    let (base, cap) = unsafe { ((*b).buffer, (*b).length) };
+    let released = !sm.multi || e.flags & fi::FI_MULTI_RECV as u64 != 0;
+    // A multi-receive buffer may be released by a completion of its own, without a
+    // message.
+    if !sm.multi || e.len > 0 {
+        let at = if sm.multi {
+            (e.buf as usize).wrapping_sub(base as usize)
+        } else {
+            0
+        };
+        if at < cap {
+            // (A provider never reports more than the posted length; clamp anyway.)
+            // SAFETY: inside the buffer, the bytes the provider wrote.
+            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), e.len.min(cap - at)) };
+            bounce_done(m, sm, bytes);
+        } else {
+            sm.rejected.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "dropping a received message that the provider placed outside its receive \
+                 buffer ({:p}, buffer {base:p} of {cap} bytes)",
+                e.buf
+            );
+        }
+    }
+    if released {
+        let _ = repost(m, sm, b);
+    }
+}
+
+/// A receive buffer received `bytes`, one message. The caller reposts the buffer
+/// after this returns: nothing here keeps a reference into it.
+pub fn bounce_done(m: &Mtl, sm: &SoftMatch, bytes: &[u8]) {
     let (hdr, payload) = match Hdr::decode(bytes, sm.eager_max()) {
         Ok(v) => v,
         Err(e) => {
             sm.rejected.fetch_add(1, Ordering::Relaxed);
             log::error!("dropping a received message: {e}");
-            let _ = repost(m, b);
             return;
         }
     };
     match hdr.kind {
         FIN | ACK => {
-            let _ = repost(m, b);
             if !sm.take_waiting(hdr.token, hdr.kind) {
                 sm.rejected.fetch_add(1, Ordering::Relaxed);
                 log::error!(
@@ -984,14 +1051,11 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                     },
                     Ok(Whole::Filled(r, h)) => Ok(Some((r, h, Delivery::Filled(h.len as usize)))),
                     Ok(Whole::Not) => {
-                        drop(lists);
-                        let _ = repost(m, b);
                         return;
                     }
                     Err(target) => Err(target),
                 }
             };
-            let _ = repost(m, b);
             match whole {
                 Err(target) => {
                     sm.rejected.fetch_add(1, Ordering::Relaxed);
@@ -1036,7 +1100,6 @@ pub unsafe fn bounce_done(m: &Mtl, sm: &SoftMatch, b: *mut Request, len: usize) 
                 };
                 deliver(m, r, hdr, what, Some(&payload[..payload_len]));
             }
-            let _ = repost(m, b);
         }
     }
 }
