@@ -1399,8 +1399,16 @@ fn send_impl(
     };
     let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
     if let Some(sm) = m.soft.as_deref() {
-        let mut r = Request::internal(Kind::Send, comm);
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
+        if !sync {
+            // SAFETY: data holds data.len bytes until the end of this function.
+            let sent =
+                unsafe { super::softmatch::send_injected(m, addr, data.ptr, data.len, bits, cqd) };
+            if let Some(rc) = sent {
+                return rc;
+            }
+        }
+        let mut r = Request::internal(Kind::Send, comm);
         // SAFETY: r lives on this stack until its completions (we wait below); data
         // lives until the end of this function.
         let rc = unsafe {

@@ -626,6 +626,72 @@ unsafe fn copied_free(r: *mut Request) {
 }
 
 /// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
+/// A blocking send of an eager message that goes as one inject: sent (complete) on
+/// return, without a request. `None` when it does not go that way (synchronous,
+/// larger than an inject, or sent in pieces).
+///
+/// # Safety
+/// `ptr_` holds `len` bytes.
+pub unsafe fn send_injected(
+    m: &Mtl,
+    addr: u64,
+    ptr_: *const u8,
+    len: usize,
+    bits: u64,
+    data: u64,
+) -> Option<c_int> {
+    let hdr = Hdr {
+        kind: EAGER,
+        bits,
+        data,
+        len: len as u64,
+        ..Default::default()
+    };
+    // SAFETY: forwarded.
+    let ret = unsafe { inject_whole(m, &hdr, ptr_, len, addr) }?;
+    Some(if ret < 0 {
+        datapath::fi_to_ompi(ret)
+    } else {
+        sys::OMPI_SUCCESS
+    })
+}
+
+/// Inject header `hdr` and its `len` payload bytes as one message, when they fit an
+/// inject and are not sent in pieces: the provider's return value, `None` when they
+/// do not fit.
+///
+/// # Safety
+/// `ptr_` holds `len` bytes.
+unsafe fn inject_whole(
+    m: &Mtl,
+    hdr: &Hdr,
+    ptr_: *const u8,
+    len: usize,
+    addr: u64,
+) -> Option<isize> {
+    let total = HDR_LEN + len;
+    let pieces = m.soft.as_deref().map_or(0, |sm| sm.piece_max);
+    if total > m.inject_size || total > PIECE_BUF || (pieces > 0 && total > pieces) {
+        return None;
+    }
+    // Not zeroed: only the `total` bytes written below are handed to inject (zeroing
+    // 4 KiB cost more than the rest of a small send).
+    let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
+    let tmp = tmp.as_mut_ptr() as *mut u8;
+    // SAFETY: both sources hold the bytes copied; tmp has room for total.
+    unsafe {
+        ptr::copy_nonoverlapping(hdr as *const Hdr as *const u8, tmp, HDR_LEN);
+        if len > 0 {
+            ptr::copy_nonoverlapping(ptr_, tmp.add(HDR_LEN), len);
+        }
+    }
+    Some(datapath::retry(m, || {
+        // SAFETY: the first `total` bytes of tmp are initialised; inject copies them
+        // before returning.
+        unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, total, addr) }
+    }))
+}
+
 /// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
 ///
 /// # Safety
@@ -680,24 +746,9 @@ pub unsafe fn send(
             rq.pending.store(0, Ordering::Release);
             return SENT_INLINE;
         }
-        if total <= m.inject_size && !sync {
-            // Not zeroed: only the `total` bytes written below are handed to inject
-            // (zeroing 4 KiB cost more than the rest of a small send).
-            let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
-            let tmp = tmp.as_mut_ptr() as *mut u8;
-            if total <= PIECE_BUF {
-                // SAFETY: both sources hold the bytes copied; tmp has room for total.
-                unsafe {
-                    ptr::copy_nonoverlapping(&rq.sm_hdr as *const Hdr as *const u8, tmp, HDR_LEN);
-                    if len > 0 {
-                        ptr::copy_nonoverlapping(ptr_, tmp.add(HDR_LEN), len);
-                    }
-                }
-                let ret = datapath::retry(m, || {
-                    // SAFETY: the first `total` bytes of tmp are initialised; inject
-                    // copies them before returning.
-                    unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, total, addr) }
-                });
+        if !sync {
+            // SAFETY: ptr_ holds len bytes.
+            if let Some(ret) = unsafe { inject_whole(m, &rq.sm_hdr, ptr_, len, addr) } {
                 if ret < 0 {
                     return datapath::fi_to_ompi(ret);
                 }
