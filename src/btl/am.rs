@@ -6,8 +6,9 @@
 //! zero bytes and the payload length; 8 bytes keep the payload aligned) followed by
 //! the payload, sent with untagged `fi_send`/`fi_inject`
 //! into receive buffers of `HDR + max_send_size` bytes posted `btl_ofi_rd_num` at a
-//! time. A fragment's header and payload are one contiguous buffer, so a send is one
-//! call.
+//! time, or, where the provider has `FI_MULTI_RECV`, into multi-receive buffers of the
+//! same memory ([`receive_layout`]), so that a fragment costs no receive call. A
+//! fragment's header and payload are one contiguous buffer, so a send is one call.
 //!
 //! What it owns: fragments, receive buffers and the queue of sends that met
 //! `-FI_EAGAIN`. What it must not touch: provider setup (`module.rs`), RDMA.

@@ -1114,7 +1114,9 @@ unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                         (*r).pending.store(0, Ordering::Release);
                     }
                     Kind::Bounce => {
-                        log::error!("a receive buffer failed; software matching has one fewer");
+                        if let Some(sm) = m.soft.as_deref() {
+                            super::softmatch::bounce_failed(m, sm, r, code, e.flags);
+                        }
                     }
                     Kind::Copied => {
                         // Its MPI request completed when it was posted, as an inject's

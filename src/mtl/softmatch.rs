@@ -18,8 +18,9 @@
 //!   straight into it; without one, the receiver assembles the message and queues it
 //!   as unexpected when the last piece arrives.
 //!
-//! The receiver keeps `BOUNCE_COUNT` receive buffers posted, a list of posted MPI
-//! receives and a list of unexpected messages, both in arrival order, under one lock.
+//! The receiver keeps `BOUNCE_COUNT` receive buffers posted (or, where the provider
+//! has `FI_MULTI_RECV`, `MULTI_COUNT` multi-receive buffers of the same memory, so
+//! that a message costs no receive call), a list of posted MPI receives and a list of unexpected messages, both in arrival order, under one lock.
 //! `FIN` and `ACK` carry the sender's request pointer as a token.
 //!
 //! What it owns: the bounce buffers and both lists. Delivery to a request happens after
@@ -1051,6 +1052,23 @@ pub unsafe fn bounce_completed(
     }
     if released {
         let _ = repost(m, sm, b);
+    }
+}
+
+/// A receive into buffer `b` completed with error `code` (`flags` as reported): the
+/// message is lost. A multi-receive buffer the provider did not release stays posted;
+/// one it released is posted again, unless it was cancelled.
+pub fn bounce_failed(m: &Mtl, sm: &SoftMatch, b: *mut Request, code: u32, flags: u64) {
+    if code == fi::FI_ECANCELED {
+        return;
+    }
+    if sm.multi && flags & fi::FI_MULTI_RECV as u64 != 0 {
+        log::error!("a receive into a multi-receive buffer failed; the buffer is posted again");
+        let _ = repost(m, sm, b);
+    } else if sm.multi {
+        log::error!("a receive into a multi-receive buffer failed");
+    } else {
+        log::error!("a receive buffer failed; software matching has one fewer");
     }
 }
 
