@@ -470,7 +470,7 @@ pub unsafe fn recv_complete(
     ctx: *mut c_void,
     len: usize,
     err: i32,
-    buf: *const u8,
+    buf: *const c_void,
     flags: u64,
 ) {
     let rb = ctx as *mut RecvBuf; // Ctx is RecvBuf's first field
@@ -489,44 +489,37 @@ pub unsafe fn recv_complete(
             Error(err)
         );
     } else if !st.multi_recv || len > 0 {
-        // A multi-receive buffer may be released by a completion without a fragment.
-        let at = if st.multi_recv {
-            (buf as usize).wrapping_sub(base as usize)
-        } else {
-            0
-        };
-        if at >= cap {
-            st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-            log::error!(
-                "dropping a fragment that {} placed outside its receive buffer ({buf:p}, \
-                 buffer {base:p} of {cap} bytes)",
-                st.provider
-            );
-        } else {
-            // (A provider never reports more than the posted length; clamp anyway.)
-            // SAFETY: inside rb's buffer, the bytes the provider wrote.
-            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), len.min(cap - at)) };
-            if bytes.len() > 1 && bytes[1] == PIECE_MAGIC {
+        // (A multi-receive buffer may be released by a completion without a fragment.)
+        // SAFETY: rb's buffer, ours until reposted below.
+        match unsafe { crate::fabric::ep::received(base, cap, st.multi_recv, buf, len) } {
+            None => {
+                st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "dropping a fragment that {} placed outside its receive buffer ({buf:p}, \
+                     buffer {base:p} of {cap} bytes)",
+                    st.provider
+                );
+            }
+            Some(bytes) if bytes.len() > 1 && bytes[1] == PIECE_MAGIC => {
                 // SAFETY: mp is live; rb stays ours until reposted below.
                 unsafe { piece_arrived(mp, bytes) };
-            } else {
-                match AmHeader::decode(bytes) {
-                    // SAFETY: mp is live; the payload (HDR bytes in, h.len long, checked
-                    // against what arrived) stays ours until we repost below.
-                    Ok((h, _)) => unsafe {
-                        dispatch(
-                            mp,
-                            h.tag,
-                            bytes.as_ptr().add(HDR) as *mut u8,
-                            h.len as usize,
-                        )
-                    },
-                    Err(e) => {
-                        st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-                        log::error!("dropping a received fragment on {}: {e}", st.provider);
-                    }
-                }
             }
+            Some(bytes) => match AmHeader::decode(bytes) {
+                // SAFETY: mp is live; the payload (HDR bytes in, h.len long, checked
+                // against what arrived) stays ours until we repost below.
+                Ok((h, _)) => unsafe {
+                    dispatch(
+                        mp,
+                        h.tag,
+                        bytes.as_ptr().add(HDR) as *mut u8,
+                        h.len as usize,
+                    )
+                },
+                Err(e) => {
+                    st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                    log::error!("dropping a received fragment on {}: {e}", st.provider);
+                }
+            },
         }
     }
     if !released || st.closing.load(Ordering::Relaxed) {
@@ -1070,6 +1063,8 @@ pub(crate) extern "C" fn btl_sendi(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn multi_receive_buffers_hold_the_memory_of_rd_num_fragments() {
@@ -1084,9 +1079,6 @@ mod tests {
             assert!(count * bytes >= n * 1000, "{n}");
         }
     }
-
-    use super::*;
-    use proptest::prelude::*;
 
     fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
         let mut v = AmHeader {

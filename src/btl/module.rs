@@ -1167,7 +1167,7 @@ unsafe fn dispatch(
     unsafe {
         match kind {
             am::Kind::Send => am::send_complete(mp, ctx, err),
-            am::Kind::Recv => am::recv_complete(mp, ctx, len, err, buf as *const u8, flags),
+            am::Kind::Recv => am::recv_complete(mp, ctx, len, err, buf, flags),
             am::Kind::Rdma => rdma::rdma_complete(mp, ctx, err),
         }
     }

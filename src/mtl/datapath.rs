@@ -1404,8 +1404,9 @@ fn send_impl(
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
         if !sync {
             // SAFETY: data holds data.len bytes until the end of this function.
-            let sent =
-                unsafe { super::softmatch::send_injected(m, addr, data.ptr, data.len, bits, cqd) };
+            let sent = unsafe {
+                super::softmatch::send_injected(m, sm, addr, data.ptr, data.len, bits, cqd)
+            };
             if let Some(rc) = sent {
                 return rc;
             }

@@ -20,7 +20,8 @@
 //!
 //! The receiver keeps `BOUNCE_COUNT` receive buffers posted (or, where the provider
 //! has `FI_MULTI_RECV`, `MULTI_COUNT` multi-receive buffers of the same memory, so
-//! that a message costs no receive call), a list of posted MPI receives and a list of unexpected messages, both in arrival order, under one lock.
+//! that a message costs no receive call), a list of posted MPI receives and a list of
+//! unexpected messages, both in arrival order, under one lock.
 //! `FIN` and `ACK` carry the sender's request pointer as a token.
 //!
 //! What it owns: the bounce buffers and both lists. Delivery to a request happens after
@@ -635,6 +636,7 @@ unsafe fn copied_free(r: *mut Request) {
 /// `ptr_` holds `len` bytes.
 pub unsafe fn send_injected(
     m: &Mtl,
+    sm: &SoftMatch,
     addr: u64,
     ptr_: *const u8,
     len: usize,
@@ -649,7 +651,7 @@ pub unsafe fn send_injected(
         ..Default::default()
     };
     // SAFETY: forwarded.
-    let ret = unsafe { inject_whole(m, &hdr, ptr_, len, addr) }?;
+    let ret = unsafe { inject_whole(m, sm, &hdr, ptr_, len, addr) }?;
     Some(if ret < 0 {
         datapath::fi_to_ompi(ret)
     } else {
@@ -665,13 +667,14 @@ pub unsafe fn send_injected(
 /// `ptr_` holds `len` bytes.
 unsafe fn inject_whole(
     m: &Mtl,
+    sm: &SoftMatch,
     hdr: &Hdr,
     ptr_: *const u8,
     len: usize,
     addr: u64,
 ) -> Option<isize> {
     let total = HDR_LEN + len;
-    let pieces = m.soft.as_deref().map_or(0, |sm| sm.piece_max);
+    let pieces = sm.piece_max;
     if total > m.inject_size || total > PIECE_BUF || (pieces > 0 && total > pieces) {
         return None;
     }
@@ -749,7 +752,7 @@ pub unsafe fn send(
         }
         if !sync {
             // SAFETY: ptr_ holds len bytes.
-            if let Some(ret) = unsafe { inject_whole(m, &rq.sm_hdr, ptr_, len, addr) } {
+            if let Some(ret) = unsafe { inject_whole(m, sm, &rq.sm_hdr, ptr_, len, addr) } {
                 if ret < 0 {
                     return datapath::fi_to_ompi(ret);
                 }
@@ -1031,23 +1034,17 @@ pub unsafe fn bounce_completed(
     // A multi-receive buffer may be released by a completion of its own, without a
     // message.
     if !sm.multi || e.len > 0 {
-        let at = if sm.multi {
-            (e.buf as usize).wrapping_sub(base as usize)
-        } else {
-            0
-        };
-        if at < cap {
-            // (A provider never reports more than the posted length; clamp anyway.)
-            // SAFETY: inside the buffer, the bytes the provider wrote.
-            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), e.len.min(cap - at)) };
-            bounce_done(m, sm, bytes);
-        } else {
-            sm.rejected.fetch_add(1, Ordering::Relaxed);
-            log::error!(
-                "dropping a received message that the provider placed outside its receive \
-                 buffer ({:p}, buffer {base:p} of {cap} bytes)",
-                e.buf
-            );
+        // SAFETY: the bounce buffer, not reposted before bounce_done returns.
+        match unsafe { crate::fabric::ep::received(base, cap, sm.multi, e.buf, e.len) } {
+            Some(bytes) => bounce_done(m, sm, bytes),
+            None => {
+                sm.rejected.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "dropping a received message that the provider placed outside its \
+                     receive buffer ({:p}, buffer {base:p} of {cap} bytes)",
+                    e.buf
+                );
+            }
         }
     }
     if released {
