@@ -49,6 +49,13 @@ pub struct Quirks {
     /// manual progress there (unless `mtl_ofi_data_progress` says otherwise), so that
     /// its own completion-queue reads do that matching.
     pub lazy_matching: bool,
+    /// A peer's messages may arrive out of the order they were sent, though the
+    /// provider promises `FI_ORDER_SAS` (ofi_rxd 1.17: an 8-byte message overtook the
+    /// 0-byte one sent before it on the same communicator and tag, one mpi_tests
+    /// `threads` run in four at 2 ranks; repro/rxd_msg_flood.c shows it without MPI).
+    /// The MTL's software matching then numbers each peer's messages and restores
+    /// their order; ob1 over the BTL has its own sequence numbers.
+    pub reorders_messages: bool,
 }
 
 /// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
@@ -75,6 +82,7 @@ pub fn of(provider: &str) -> Quirks {
         atomics_crash: layers.contains(&"ofi_rxd"),
         unexpected_unbuffered: layers.first() == Some(&"sockets"),
         lazy_matching: layers.first() == Some(&"sockets"),
+        reorders_messages: layers.contains(&"ofi_rxd"),
     }
 }
 

@@ -487,6 +487,7 @@ pub fn init_module(
             bounce,
             piece_max,
             multi,
+            quirks.reorders_messages,
         ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;

@@ -65,7 +65,10 @@ const FRAG: u32 = 5;
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Hdr {
     pub kind: u32,
-    pub _pad: u32,
+    /// The message's place in its sender's stream to this receiver, from 1, where the
+    /// provider may deliver messages out of order ([`Order`]); 0 elsewhere and in
+    /// FIN and ACK. Every piece of a FRAG message carries the message's number.
+    pub seq: u32,
     /// The envelope, in the MTL's tag layout.
     pub bits: u64,
     /// The CQ-data word of the layout (the source in the full layout).
@@ -78,6 +81,8 @@ pub struct Hdr {
     pub key: u64,
     /// RTS/EAGER: the sender's request (for FIN/ACK); FIN/ACK: that request.
     pub token: u64,
+    /// The sender's process name (job << 32 | vpid) where `seq` is set, else 0.
+    pub src: u64,
 }
 
 /// Why a received protocol message was rejected.
@@ -119,10 +124,10 @@ impl Hdr {
     pub fn to_bytes(&self) -> [u8; HDR_LEN] {
         let mut b = [0u8; HDR_LEN];
         let words = [
-            self.bits, self.data, self.len, self.addr, self.key, self.token,
+            self.bits, self.data, self.len, self.addr, self.key, self.token, self.src,
         ];
         b[0..4].copy_from_slice(&self.kind.to_ne_bytes());
-        b[4..8].copy_from_slice(&self._pad.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.seq.to_ne_bytes());
         for (i, w) in words.iter().enumerate() {
             b[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_ne_bytes());
         }
@@ -145,22 +150,20 @@ impl Hdr {
         };
         let mut k = [0u8; 4];
         k.copy_from_slice(&bytes[0..4]);
-        let mut pad = [0u8; 4];
-        pad.copy_from_slice(&bytes[4..8]);
+        let mut seq = [0u8; 4];
+        seq.copy_from_slice(&bytes[4..8]);
         let h = Hdr {
             kind: u32::from_ne_bytes(k),
-            _pad: u32::from_ne_bytes(pad),
+            seq: u32::from_ne_bytes(seq),
             bits: word(0),
             data: word(1),
             len: word(2),
             addr: word(3),
             key: word(4),
             token: word(5),
+            src: word(6),
         };
         let payload = &bytes[HDR_LEN..];
-        if h._pad != 0 {
-            return Err(BadHdr::Reserved);
-        }
         let bad_len = || BadHdr::Length {
             header: h.len,
             payload: payload.len(),
@@ -196,7 +199,13 @@ impl Hdr {
                 if !payload.is_empty() || h.len != 0 {
                     return Err(bad_len());
                 }
-                if h.bits != 0 || h.data != 0 || h.addr != 0 || h.key != 0 {
+                if h.bits != 0
+                    || h.data != 0
+                    || h.addr != 0
+                    || h.key != 0
+                    || h.seq != 0
+                    || h.src != 0
+                {
                     return Err(BadHdr::Reserved);
                 }
                 if h.token == 0 {
@@ -289,6 +298,134 @@ pub struct SoftMatch {
     /// message and reports it released (`FI_MULTI_RECV`) when less than a largest
     /// message is left.
     multi: bool,
+    /// Per-peer message order, where the provider may break it.
+    order: Option<Order>,
+}
+
+/// Per-peer message order, kept by the MTL where the provider may deliver a peer's
+/// messages out of the order they were sent, though it promises `FI_ORDER_SAS`
+/// (`common::quirks::Quirks::reorders_messages`: udp;ofi_rxd 1.17, where an 8-byte
+/// message overtook the 0-byte one sent before it on the same communicator and tag,
+/// one `threads` run in four). MPI's non-overtaking rule needs that order: each message
+/// that matches (EAGER, RTS, FRAG) is numbered per destination as it is posted, and
+/// the receiver holds one that arrives early until the messages before it arrived.
+struct Order {
+    /// This process, as its messages name it (`Hdr::src`).
+    me: u64,
+    /// The number of the next message to each destination address. Held across the
+    /// post, so that the numbers go out in the order posted.
+    tx: Mutex<std::collections::HashMap<u64, u32>>,
+    /// Per sending process.
+    rx: Mutex<std::collections::HashMap<u64, Stream>>,
+}
+
+/// What a receiver knows of one sender's messages.
+struct Stream {
+    /// The number of the next message to match.
+    next: u32,
+    /// Messages (and pieces) that arrived ahead of `next`, in arrival order.
+    held: Vec<(Hdr, Vec<u8>)>,
+}
+
+/// Held messages from one peer past which a missing message is reported as lost.
+const HELD_WARN: usize = 4096;
+
+/// The number after `n`; 0 is never used (it means unnumbered).
+fn next_seq(n: u32) -> u32 {
+    match n.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
+}
+
+/// Where a numbered message stands against its sender's stream.
+#[derive(Debug, PartialEq, Eq)]
+enum Arrival {
+    /// The next message: match it now, then what was held behind it.
+    Next,
+    /// A later piece of a message already matched: add it now.
+    Late,
+    /// Ahead of a message still missing: held.
+    Held,
+}
+
+impl Order {
+    fn new(me: u64) -> Order {
+        Order {
+            me,
+            tx: Mutex::new(std::collections::HashMap::new()),
+            rx: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Post a message that matches to `addr` with `post(seq, src)`, which writes the
+    /// two into the header it posts; the number is spent only when the post succeeds.
+    fn numbered(&self, addr: u64, post: impl FnOnce(u32, u64) -> isize) -> isize {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let next = tx.entry(addr).or_insert(1);
+        let ret = post(*next, self.me);
+        if ret >= 0 {
+            *next = next_seq(*next);
+        }
+        ret
+    }
+
+    /// Message `hdr` (numbered) arrived with `payload`.
+    fn arrive(&self, hdr: &Hdr, payload: &[u8]) -> Arrival {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let st = rx.entry(hdr.src).or_insert_with(|| Stream {
+            next: 1,
+            held: Vec::new(),
+        });
+        match (hdr.seq.wrapping_sub(st.next) as i32).cmp(&0) {
+            std::cmp::Ordering::Equal => {
+                st.next = next_seq(st.next);
+                Arrival::Next
+            }
+            std::cmp::Ordering::Less => Arrival::Late,
+            std::cmp::Ordering::Greater => {
+                st.held.push((*hdr, payload.to_vec()));
+                if st.held.len() == HELD_WARN {
+                    log::error!(
+                        "{HELD_WARN} messages from process {:#x} wait for its message #{}, \
+                         which has not arrived: the provider may have lost it",
+                        hdr.src,
+                        st.next
+                    );
+                }
+                Arrival::Held
+            }
+        }
+    }
+
+    /// The held messages of `src` that are now next (a message and any of its pieces),
+    /// in arrival order; `None` when the next one has not arrived.
+    fn release(&self, src: u64) -> Option<Vec<(Hdr, Vec<u8>)>> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let st = rx.get_mut(&src)?;
+        let next = st.next;
+        if !st.held.iter().any(|(h, _)| h.seq == next) {
+            return None;
+        }
+        let (now, keep) = std::mem::take(&mut st.held)
+            .into_iter()
+            .partition(|(h, _)| h.seq == next);
+        st.held = keep;
+        st.next = next_seq(next);
+        Some(now)
+    }
+}
+
+/// Write `seq` and `src` into the header at `h` (as [`Hdr::to_bytes`] lays it out).
+///
+/// # Safety
+/// `h` must hold a header's bytes.
+unsafe fn stamp(h: *mut u8, seq: u32, src: u64) {
+    // SAFETY: forwarded; the offsets are those of Hdr's fields (repr(C)).
+    unsafe {
+        ptr::write_unaligned(h.add(std::mem::offset_of!(Hdr, seq)) as *mut u32, seq);
+        ptr::write_unaligned(h.add(std::mem::offset_of!(Hdr, src)) as *mut u64, src);
+    }
 }
 
 // SAFETY: the raw pointers are our own heap requests, touched under `lists` or by the
@@ -310,13 +447,15 @@ impl SoftMatch {
     /// at most 4 KiB) as pieces of this size, for a provider where a send past its
     /// inject size is slow (shm: `process_vm_readv`); 0 for none; `multi`: receive
     /// into multi-receive buffers (the endpoint has `FI_MULTI_RECV`, and its minimum
-    /// free space set to `bounce_size`).
+    /// free space set to `bounce_size`); `ordered`: number each peer's messages and
+    /// restore their order on arrival ([`Order`]), for a provider that may break it.
     pub fn new(
         domain: Arc<Domain>,
         threads: bool,
         bounce_size: usize,
         piece_max: usize,
         multi: bool,
+        ordered: bool,
     ) -> SoftMatch {
         let piece_max = if piece_max > HDR_LEN {
             piece_max.min(PIECE_BUF)
@@ -344,6 +483,16 @@ impl SoftMatch {
             next_piece_id: AtomicU64::new(crate::common::random_odd()),
             assembled: AtomicU64::new(0),
             multi,
+            order: ordered.then(|| Order::new(process_id())),
+        }
+    }
+
+    /// Post a message that matches to `addr` with `post(seq, src)` (see
+    /// [`Order::numbered`]; unnumbered, `post(0, 0)`, where the provider keeps order).
+    fn numbered(&self, addr: u64, post: impl FnOnce(u32, u64) -> isize) -> isize {
+        match &self.order {
+            Some(o) => o.numbered(addr, post),
+            None => post(0, 0),
         }
     }
 
@@ -354,10 +503,15 @@ impl SoftMatch {
 
     /// The receive buffers, in words.
     pub fn buffers(&self) -> String {
-        if self.multi {
-            format!("{MULTI_COUNT} multi-receive buffers of {MULTI_SLOTS} largest messages")
+        let order = if self.order.is_some() {
+            ", each peer's messages numbered and put back in order"
         } else {
-            format!("{BOUNCE_COUNT} receive buffers")
+            ""
+        };
+        if self.multi {
+            format!("{MULTI_COUNT} multi-receive buffers of {MULTI_SLOTS} largest messages{order}")
+        } else {
+            format!("{BOUNCE_COUNT} receive buffers{order}")
         }
     }
 
@@ -500,6 +654,8 @@ unsafe fn send_pieces(
     let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
     let tmp = tmp.as_mut_ptr() as *mut u8;
     let mut off = 0usize;
+    // The message's number, taken by its first piece and carried by every piece.
+    let mut num: Option<(u32, u64)> = None;
     while off < len {
         let n = step.min(len - off);
         let h = Hdr {
@@ -514,10 +670,23 @@ unsafe fn send_pieces(
             ptr::copy_nonoverlapping(&h as *const Hdr as *const u8, tmp, HDR_LEN);
             ptr::copy_nonoverlapping(data.add(off), tmp.add(HDR_LEN), n);
         }
-        let ret = datapath::retry(m, || {
-            // SAFETY: the first HDR_LEN + n bytes of tmp are initialised; inject
-            // copies them before returning.
-            unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, HDR_LEN + n, addr) }
+        // SAFETY: the first HDR_LEN + n bytes of tmp are initialised, a header
+        // first; inject copies them before returning.
+        let inject = |seq: u32, src: u64| unsafe {
+            if seq != 0 {
+                stamp(tmp, seq, src);
+            }
+            fi::fi_inject(m.ep(), tmp as *const c_void, HDR_LEN + n, addr)
+        };
+        let ret = datapath::retry(m, || match num {
+            Some((seq, src)) => inject(seq, src),
+            None => sm.numbered(addr, |seq, src| {
+                let ret = inject(seq, src);
+                if ret >= 0 {
+                    num = Some((seq, src));
+                }
+                ret
+            }),
         });
         if ret < 0 {
             // The receiver holds the pieces so far until finalize; the error reaches
@@ -581,17 +750,22 @@ unsafe fn send_copy(
         (buf, (*c).ctx_ptr())
     };
     let ret = datapath::retry(m, || {
-        // SAFETY: the block lives until the completion frees it.
-        unsafe {
-            fi::fi_send(
-                m.ep(),
-                buf as *const c_void,
-                total,
-                ptr::null_mut(),
-                addr,
-                ctx,
-            )
-        }
+        sm.numbered(addr, |seq, src| {
+            // SAFETY: the block, a header first, lives until the completion frees it.
+            unsafe {
+                if seq != 0 {
+                    stamp(buf, seq, src);
+                }
+                fi::fi_send(
+                    m.ep(),
+                    buf as *const c_void,
+                    total,
+                    ptr::null_mut(),
+                    addr,
+                    ctx,
+                )
+            }
+        })
     });
     if ret < 0 {
         // SAFETY: not posted: still ours.
@@ -627,7 +801,19 @@ unsafe fn copied_free(r: *mut Request) {
     }
 }
 
-/// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
+/// This process's name as a number (job << 32 | vpid), or a random one before Open MPI
+/// has set the local process up.
+fn process_id() -> u64 {
+    // SAFETY: returns the local proc or null.
+    let p = unsafe { sys::opal_proc_local_get() };
+    if p.is_null() {
+        return crate::common::random_odd();
+    }
+    // SAFETY: p is the live local proc.
+    let n = unsafe { (*p).proc_name };
+    (u64::from(n.jobid) << 32) | u64::from(n.vpid)
+}
+
 /// A blocking send of an eager message that goes as one inject: sent (complete) on
 /// return, without a request. `None` when it does not go that way (synchronous,
 /// larger than an inject, or sent in pieces).
@@ -690,12 +876,20 @@ unsafe fn inject_whole(
         }
     }
     Some(datapath::retry(m, || {
-        // SAFETY: the first `total` bytes of tmp are initialised; inject copies them
-        // before returning.
-        unsafe { fi::fi_inject(m.ep(), tmp as *const c_void, total, addr) }
+        sm.numbered(addr, |seq, src| {
+            // SAFETY: the first `total` bytes of tmp are initialised (a header first);
+            // inject copies them before returning.
+            unsafe {
+                if seq != 0 {
+                    stamp(tmp, seq, src);
+                }
+                fi::fi_inject(m.ep(), tmp as *const c_void, total, addr)
+            }
+        })
     }))
 }
 
+/// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
 /// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
 ///
 /// # Safety
@@ -785,10 +979,18 @@ pub unsafe fn send(
         ];
         let ctx = rq.ctx_ptr();
         let n = if len == 0 { 1 } else { 2 };
+        let hdr = iov[0].iov_base as *mut u8;
         let ret = datapath::retry(m, || {
-            // SAFETY: the header lives in the request and the data in the caller's
-            // buffer until the send completes.
-            unsafe { fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx) }
+            sm.numbered(addr, |seq, src| {
+                // SAFETY: the header lives in the request and the data in the caller's
+                // buffer until the send completes.
+                unsafe {
+                    if seq != 0 {
+                        stamp(hdr, seq, src);
+                    }
+                    fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx)
+                }
+            })
         });
         return if ret < 0 {
             if sync {
@@ -842,8 +1044,11 @@ pub unsafe fn send(
     let h = rq.sm_hdr;
     sm.expect(r as u64, FIN);
     let ret = datapath::retry(m, || {
-        // SAFETY: inject copies the header.
-        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+        sm.numbered(addr, |seq, src| {
+            let h = Hdr { seq, src, ..h };
+            // SAFETY: inject copies the header.
+            unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+        })
     });
     if ret < 0 {
         sm.forget(r as u64);
@@ -1080,6 +1285,25 @@ pub fn bounce_done(m: &Mtl, sm: &SoftMatch, bytes: &[u8]) {
             return;
         }
     };
+    let Some(order) = sm.order.as_ref().filter(|_| hdr.seq != 0) else {
+        return dispatch(m, sm, hdr, payload);
+    };
+    match order.arrive(&hdr, payload) {
+        Arrival::Held => {}
+        Arrival::Late => dispatch(m, sm, hdr, payload),
+        Arrival::Next => {
+            dispatch(m, sm, hdr, payload);
+            while let Some(now) = order.release(hdr.src) {
+                for (h, p) in now {
+                    dispatch(m, sm, h, &p);
+                }
+            }
+        }
+    }
+}
+
+/// Act on received message `hdr` with `payload`, in its turn.
+fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
     match hdr.kind {
         FIN | ACK => {
             if !sm.take_waiting(hdr.token, hdr.kind) {
@@ -1356,8 +1580,10 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..64),
+            any::<u32>(),
+            any::<u64>(),
         )
-            .prop_map(|(bits, data, token, p)| {
+            .prop_map(|(bits, data, token, p, seq, src)| {
                 (
                     Hdr {
                         kind: EAGER,
@@ -1365,6 +1591,8 @@ mod tests {
                         data,
                         len: p.len() as u64,
                         token,
+                        seq,
+                        src,
                         ..Default::default()
                     },
                     p,
@@ -1569,6 +1797,100 @@ mod tests {
         assert!(matches!(add_piece(&mut l, &h, &p), Err(None)));
     }
 
+    /// A numbered message from `src`, its payload its number.
+    fn numbered_msg(src: u64, seq: u32) -> (Hdr, Vec<u8>) {
+        (
+            Hdr {
+                kind: EAGER,
+                seq,
+                src,
+                len: 4,
+                ..Default::default()
+            },
+            seq.to_ne_bytes().to_vec(),
+        )
+    }
+
+    /// Feed `arrivals` to `o` as the receive path does; returns the numbers in the
+    /// order they were handed to matching.
+    fn feed(o: &Order, arrivals: &[(u64, u32)]) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        for &(src, seq) in arrivals {
+            let (h, p) = numbered_msg(src, seq);
+            match o.arrive(&h, &p) {
+                Arrival::Held => {}
+                Arrival::Late => out.push((src, seq)),
+                Arrival::Next => {
+                    out.push((src, seq));
+                    while let Some(now) = o.release(src) {
+                        out.extend(now.iter().map(|(h, _)| (h.src, h.seq)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn order_restores_each_senders_stream() {
+        let o = Order::new(7);
+        // Sender 1 in order; sender 2's third message first, then its second.
+        let got = feed(&o, &[(1, 1), (2, 3), (1, 2), (2, 2), (2, 1), (1, 3)]);
+        assert_eq!(got, vec![(1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (1, 3)]);
+        assert!(o.rx.lock().unwrap().values().all(|s| s.held.is_empty()));
+    }
+
+    #[test]
+    fn order_pieces_of_a_message_share_its_number() {
+        let o = Order::new(7);
+        // Two pieces of message 2 arrive before message 1, a third after both.
+        let got = feed(&o, &[(1, 2), (1, 2), (1, 1), (1, 2), (1, 3)]);
+        assert_eq!(got, vec![(1, 1), (1, 2), (1, 2), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn order_wraps_past_zero() {
+        let o = Order::new(7);
+        o.rx.lock().unwrap().insert(
+            1,
+            Stream {
+                next: u32::MAX,
+                held: Vec::new(),
+            },
+        );
+        // After u32::MAX comes 1 (0 means unnumbered).
+        assert_eq!(next_seq(u32::MAX), 1);
+        let got = feed(&o, &[(1, 1), (1, u32::MAX), (1, 2)]);
+        assert_eq!(got, vec![(1, u32::MAX), (1, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn order_numbers_per_destination_and_only_what_was_posted() {
+        let o = Order::new(0x55);
+        let mut seen = Vec::new();
+        let mut post = |addr: u64, ret: isize| {
+            o.numbered(addr, |seq, src| {
+                seen.push((addr, seq, src));
+                ret
+            })
+        };
+        post(10, 0);
+        post(10, -(fi::FI_EAGAIN as isize));
+        post(10, 0);
+        post(20, 0);
+        post(10, 0);
+        assert_eq!(
+            seen,
+            vec![
+                (10, 1, 0x55),
+                (10, 2, 0x55),
+                (10, 2, 0x55),
+                (20, 1, 0x55),
+                (10, 3, 0x55)
+            ]
+        );
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
@@ -1591,6 +1913,16 @@ mod tests {
             let (d, dp) = Hdr::decode(&f, EAGER_MAX_TEST).unwrap();
             prop_assert_eq!(d.to_bytes(), h.to_bytes());
             prop_assert_eq!(dp, &p[..]);
+        }
+
+        /// However a sender's messages are shuffled on the way, matching sees them in
+        /// the order sent.
+        #[test]
+        fn order_undoes_any_shuffle(perm in Just((1u32..=40).collect::<Vec<u32>>()).prop_shuffle()) {
+            let o = Order::new(7);
+            let arrivals: Vec<(u64, u32)> = perm.iter().map(|&s| (3, s)).collect();
+            let got: Vec<u32> = feed(&o, &arrivals).into_iter().map(|(_, s)| s).collect();
+            prop_assert_eq!(got, (1u32..=40).collect::<Vec<u32>>());
         }
 
         /// A mutated valid message decodes only to exactly what its bytes say, and a
