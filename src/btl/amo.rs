@@ -374,14 +374,7 @@ pub fn forget_module(mp: *mut Module) {
 
 /// This process's name, which the target answers to.
 fn my_name() -> (u32, u32) {
-    // SAFETY: Open MPI sets the local proc up before any BTL runs.
-    let p = unsafe { sys::opal_proc_local_get() };
-    if p.is_null() {
-        return (0, 0);
-    }
-    // SAFETY: p is the live local proc.
-    let n = unsafe { (*p).proc_name };
-    (n.jobid, n.vpid)
+    crate::common::local_name().unwrap_or((0, 0))
 }
 
 /// Send `bytes` under `tag` to `ep`. The fragment is the BTL's; it is recycled at its

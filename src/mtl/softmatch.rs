@@ -416,11 +416,15 @@ impl Order {
     }
 }
 
-/// Write `seq` and `src` into the header at `h` (as [`Hdr::to_bytes`] lays it out).
+/// Write `seq` and `src` into the header at `h` (as [`Hdr::to_bytes`] lays it out);
+/// nothing for an unnumbered message (`seq` 0: the header already says so).
 ///
 /// # Safety
 /// `h` must hold a header's bytes.
 unsafe fn stamp(h: *mut u8, seq: u32, src: u64) {
+    if seq == 0 {
+        return;
+    }
     // SAFETY: forwarded; the offsets are those of Hdr's fields (repr(C)).
     unsafe {
         ptr::write_unaligned(h.add(std::mem::offset_of!(Hdr, seq)) as *mut u32, seq);
@@ -673,9 +677,7 @@ unsafe fn send_pieces(
         // SAFETY: the first HDR_LEN + n bytes of tmp are initialised, a header
         // first; inject copies them before returning.
         let inject = |seq: u32, src: u64| unsafe {
-            if seq != 0 {
-                stamp(tmp, seq, src);
-            }
+            stamp(tmp, seq, src);
             fi::fi_inject(m.ep(), tmp as *const c_void, HDR_LEN + n, addr)
         };
         let ret = datapath::retry(m, || match num {
@@ -753,9 +755,7 @@ unsafe fn send_copy(
         sm.numbered(addr, |seq, src| {
             // SAFETY: the block, a header first, lives until the completion frees it.
             unsafe {
-                if seq != 0 {
-                    stamp(buf, seq, src);
-                }
+                stamp(buf, seq, src);
                 fi::fi_send(
                     m.ep(),
                     buf as *const c_void,
@@ -804,14 +804,9 @@ unsafe fn copied_free(r: *mut Request) {
 /// This process's name as a number (job << 32 | vpid), or a random one before Open MPI
 /// has set the local process up.
 fn process_id() -> u64 {
-    // SAFETY: returns the local proc or null.
-    let p = unsafe { sys::opal_proc_local_get() };
-    if p.is_null() {
-        return crate::common::random_odd();
-    }
-    // SAFETY: p is the live local proc.
-    let n = unsafe { (*p).proc_name };
-    (u64::from(n.jobid) << 32) | u64::from(n.vpid)
+    crate::common::local_name().map_or_else(crate::common::random_odd, |(job, vpid)| {
+        (u64::from(job) << 32) | u64::from(vpid)
+    })
 }
 
 /// A blocking send of an eager message that goes as one inject: sent (complete) on
@@ -880,9 +875,7 @@ unsafe fn inject_whole(
             // SAFETY: the first `total` bytes of tmp are initialised (a header first);
             // inject copies them before returning.
             unsafe {
-                if seq != 0 {
-                    stamp(tmp, seq, src);
-                }
+                stamp(tmp, seq, src);
                 fi::fi_inject(m.ep(), tmp as *const c_void, total, addr)
             }
         })
@@ -985,9 +978,7 @@ pub unsafe fn send(
                 // SAFETY: the header lives in the request and the data in the caller's
                 // buffer until the send completes.
                 unsafe {
-                    if seq != 0 {
-                        stamp(hdr, seq, src);
-                    }
+                    stamp(hdr, seq, src);
                     fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx)
                 }
             })
