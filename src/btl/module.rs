@@ -923,8 +923,16 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     }
     let frag_payload = sup.btl_max_send_size;
     // Multi-receive buffers need the provider to release one before less than a
-    // largest fragment is left in it.
+    // largest fragment is left in it, and to keep track of large fragments in them.
+    let multi_unsafe = crate::common::quirks::of(&provider).multi_recv_unsafe;
+    if multi && multi_unsafe {
+        log::info!(
+            "provider {provider}: multi-receive buffers lose large messages \
+             (common::quirks); one receive buffer per fragment"
+        );
+    }
     let multi_recv = multi
+        && !multi_unsafe
         && ctxs.iter().all(|c| {
             let min: usize = am::HDR + frag_payload;
             // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.

@@ -56,6 +56,15 @@ pub struct Quirks {
     /// The MTL's software matching then numbers each peer's messages and restores
     /// their order; ob1 over the BTL has its own sequence numbers.
     pub reorders_messages: bool,
+    /// Multi-receive buffers lose track of messages past the provider's eager size
+    /// (ofi_rxm 1.17, whose eager buffers hold 16 KiB unless `FI_OFI_RXM_BUFFER_SIZE`
+    /// says otherwise; larger messages go in segments or by rendezvous): a buffer is
+    /// advanced by less than such a message, the next message lands over its end, and
+    /// messages arrive cut ("the header says 65536 payload bytes, 24 arrived") or not at
+    /// all. ob1 over the BTL on tcp;ofi_rxm hung in mpi_tests `collectives` at 4 ranks
+    /// (Gather of 64 KiB fragments from three peers at once) in most runs. The
+    /// components then post one receive buffer per message.
+    pub multi_recv_unsafe: bool,
 }
 
 /// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
@@ -83,6 +92,7 @@ pub fn of(provider: &str) -> Quirks {
         unexpected_unbuffered: layers.first() == Some(&"sockets"),
         lazy_matching: layers.first() == Some(&"sockets"),
         reorders_messages: layers.contains(&"ofi_rxd"),
+        multi_recv_unsafe: layers.contains(&"ofi_rxm"),
     }
 }
 
@@ -141,6 +151,9 @@ mod tests {
         assert!(!of("tcp").tag_matching_unsafe());
         assert!(!of("tcp;ofi_rxm").atomics_crash);
         assert!(of("sockets").unexpected_unbuffered);
+        assert!(of("tcp;ofi_rxm").multi_recv_unsafe);
+        assert!(of("verbs;ofi_rxm").multi_recv_unsafe);
+        assert!(!of("shm").multi_recv_unsafe);
         assert!(!of("tcp").unexpected_unbuffered);
         assert_eq!(of("efa"), Quirks::default());
     }
