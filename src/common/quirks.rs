@@ -62,7 +62,8 @@ pub struct Quirks {
     /// advanced by less than such a message, the next message lands over its end, and
     /// messages arrive cut ("the header says 65536 payload bytes, 24 arrived") or not at
     /// all. ob1 over the BTL on tcp;ofi_rxm hung in mpi_tests `collectives` at 4 ranks
-    /// (Gather of 64 KiB fragments from three peers at once) in most runs. The
+    /// (Gather of 64 KiB fragments from three peers at once) in most runs, and
+    /// mpi_tests/repro/rxm_multi_recv.c shows it without MPI. The
     /// components then post one receive buffer per message.
     pub multi_recv_unsafe: bool,
 }
