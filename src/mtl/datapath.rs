@@ -952,7 +952,27 @@ pub(super) unsafe fn recv_done(
 ) {
     // SAFETY: forwarded.
     unsafe {
-        let Ok(env) = envelope(m, (*r).comm, tag, data) else {
+        let env = envelope(m, (*r).comm, tag, data);
+        recv_done_with(m, r, env, len, ack, error)
+    }
+}
+
+/// [`recv_done`] with the envelope already decoded by [`envelope`] (software
+/// matching decodes it once per message, for the sender's address and here).
+///
+/// # Safety
+/// `r` must be a live receive request.
+pub(super) unsafe fn recv_done_with(
+    m: &Mtl,
+    r: *mut Request,
+    env: Result<Envelope, c_int>,
+    len: usize,
+    ack: bool,
+    error: c_int,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        let Ok(env) = env else {
             // Not a message any peer of this communicator sent: fail the receive
             // (the data that landed in the buffer is not delivered).
             (*r).status.source = sys::MPI_ANY_SOURCE;

@@ -260,6 +260,13 @@ struct Lists {
 impl Lists {
     /// Take the first posted receive that matches a message with envelope `bits`.
     fn take_posted(&mut self, bits: u64) -> Option<*mut Request> {
+        // The common case first: the oldest receive matches (a ping-pong, a receive
+        // per expected message).
+        if let Some(p) = self.posted.front() {
+            if matches(p.bits, p.ignore, bits) {
+                return self.posted.pop_front().map(|p| p.req);
+            }
+        }
         let i = self
             .posted
             .iter()
@@ -1074,13 +1081,15 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
     let l = &m.layout;
     // SAFETY: r is a live receive we matched.
     let rq = unsafe { &mut *r };
-    let source = match datapath::envelope(m, rq.comm, hdr.bits, hdr.data) {
-        Ok(env) => env.source,
+    // Decoded once: the sender's address and the receive's status both come from it.
+    let env = datapath::envelope(m, rq.comm, hdr.bits, hdr.data);
+    let source = match env {
+        Ok(ref e) => e.source,
         Err(_) => {
-            // Logged; recv_done fails the receive on the same check. An RTS sender
-            // is not told (it is not a peer we can name).
+            // Logged (by envelope); the receive fails. An RTS sender is not told (it
+            // is not a peer we can name).
             // SAFETY: r is live.
-            unsafe { fail_recv(m, r, &hdr) };
+            unsafe { datapath::recv_done_with(m, r, env, 0, false, sys::MPI_ERR_INTERN as c_int) };
             return;
         }
     };
@@ -1105,17 +1114,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 control(m, addr(), ACK, hdr.token);
             }
             // SAFETY: r is live.
-            unsafe {
-                datapath::recv_done(
-                    m,
-                    r,
-                    hdr.bits,
-                    hdr.data,
-                    len,
-                    false,
-                    sys::MPI_SUCCESS as c_int,
-                )
-            };
+            unsafe { datapath::recv_done_with(m, r, env, len, false, sys::MPI_SUCCESS as c_int) };
         }
         Delivery::Rts => {
             let addr = addr();
@@ -1126,11 +1125,10 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 control(m, addr, FIN, hdr.token);
                 // SAFETY: r is live.
                 unsafe {
-                    datapath::recv_done(
+                    datapath::recv_done_with(
                         m,
                         r,
-                        hdr.bits,
-                        hdr.data,
+                        env,
                         hdr.len as usize,
                         false,
                         sys::MPI_SUCCESS as c_int,
