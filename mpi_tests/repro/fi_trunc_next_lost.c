@@ -5,7 +5,7 @@
  * shows how providers report truncation (udp;ofi_rxd 1.17 reports none: a successful
  * completion with len 0).
  *
- *   cc -O1 fi_trunc_next_lost.c -o fi_trunc_next_lost -lfabric
+ *   cc -O1 fi_trunc_next_lost.c -o fi_trunc_next_lost -lfabric      (beside repro.h)
  *   ./fi_trunc_next_lost PROVIDER MSG_LEN RECV_LEN [send]   e.g.  ./fi_trunc_next_lost tcp 1 0
  *
  * A child process (receiver) preposts a tagged receive of RECV_LEN bytes (tag 5) and one
@@ -13,34 +13,10 @@
  * fits and "send" is not given, else fi_tsend) and then 100 bytes with tag 6. The child
  * prints both completions, or "LOST" after 5 s.
  */
-#include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
+#include "repro.h"
 #include <rdma/fi_tagged.h>
 #include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-#define CK(x)                                                                          \
-    do {                                                                               \
-        int r_ = (int)(x);                                                             \
-        if (r_) {                                                                      \
-            printf("%s = %d (%s)\n", #x, r_, fi_strerror(-r_));                        \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -54,27 +30,10 @@ int main(int argc, char **argv)
     if (pipe(p2c) || pipe(c2p))
         return 1;
     int child = fork() == 0; /* child receives, parent sends */
-    struct fi_info *hints = fi_allocinfo(), *fi;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
-    hints->fabric_attr->prov_name = strdup(argv[1]);
-    hints->mode = FI_CONTEXT;
-    hints->domain_attr->mr_mode = 0;
-    CK(fi_getinfo(FI_VERSION(1, 13), NULL, NULL, 0, hints, &fi));
-    struct fid_fabric *fab;
-    struct fid_domain *dom;
     struct fid_ep *ep;
     struct fid_cq *cq;
     struct fid_av *av;
-    struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_TAGGED };
-    struct fi_av_attr aa = { .type = FI_AV_MAP };
-    CK(fi_fabric(fi->fabric_attr, &fab, NULL));
-    CK(fi_domain(fab, fi, &dom, NULL));
-    CK(fi_endpoint(dom, fi, &ep, NULL));
-    CK(fi_cq_open(dom, &ca, &cq, NULL));
-    CK(fi_av_open(dom, &aa, &av, NULL));
-    CK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CK(fi_ep_bind(ep, &av->fid, 0));
+    struct fi_info *fi = repro_open(argv[1], FI_TAGGED, 0, FI_CQ_FORMAT_TAGGED, &ep, &cq, &av);
     CK(fi_enable(ep));
     char name[256] = { 0 }, pname[256];
     size_t nlen = sizeof(name);

@@ -4,7 +4,7 @@
  * small untagged messages while each keeps a few receive buffers posted, reposting
  * each buffer as soon as its completion is read (what the MTL's bounce buffers do).
  *
- *   cc -O1 rxd_msg_flood.c -o rxd_msg_flood -lfabric
+ *   cc -O1 rxd_msg_flood.c -o rxd_msg_flood -lfabric      (beside repro.h)
  *   ./rxd_msg_flood [PROVIDER [COUNT [BUFFERS [send]]]]   default: "udp;ofi_rxd" 5000 64
  *
  * Every message is 64 bytes: a sequence number and 56 bytes derived from it. Each
@@ -13,37 +13,12 @@
  * wrong message ("OUT OF ORDER", "CORRUPT", "SHORT") or "STALL" when nothing arrives
  * for 10 s, else "ok". Exit status 1 on any of those.
  */
-#include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "repro.h"
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-
-#define CK(x)                                                                          \
-    do {                                                                               \
-        int r_ = (int)(x);                                                             \
-        if (r_) {                                                                      \
-            printf("%s = %d (%s)\n", #x, r_, fi_strerror(-r_));                        \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 #define MSG 64
 #define MAXBUF 1024
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void fill(uint8_t *m, uint64_t seq)
 {
@@ -122,27 +97,8 @@ int main(int argc, char **argv)
         return 1;
     pid_t pid = fork();
     who = pid == 0;
-    struct fi_info *hints = fi_allocinfo(), *fi;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG;
-    hints->fabric_attr->prov_name = strdup(prov);
-    hints->mode = FI_CONTEXT;
-    hints->domain_attr->mr_mode = 0;
-    hints->tx_attr->msg_order = FI_ORDER_SAS;
-    hints->rx_attr->msg_order = FI_ORDER_SAS;
-    CK(fi_getinfo(FI_VERSION(1, 13), NULL, NULL, 0, hints, &fi));
-    struct fid_fabric *fab;
-    struct fid_domain *dom;
     struct fid_av *av;
-    struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_MSG };
-    struct fi_av_attr aa = { .type = FI_AV_MAP };
-    CK(fi_fabric(fi->fabric_attr, &fab, NULL));
-    CK(fi_domain(fab, fi, &dom, NULL));
-    CK(fi_endpoint(dom, fi, &ep, NULL));
-    CK(fi_cq_open(dom, &ca, &cq, NULL));
-    CK(fi_av_open(dom, &aa, &av, NULL));
-    CK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CK(fi_ep_bind(ep, &av->fid, 0));
+    repro_open(prov, FI_MSG, FI_ORDER_SAS, FI_CQ_FORMAT_MSG, &ep, &cq, &av);
     CK(fi_enable(ep));
     char name[256] = { 0 }, pname[256];
     size_t nlen = sizeof(name);

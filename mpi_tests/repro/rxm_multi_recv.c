@@ -3,7 +3,7 @@
  * tcp;ofi_rxm (mpi_tests `collectives` at 4 ranks, Gather of 64 KiB fragments from
  * three peers at once) while the BTL received into multi-receive buffers.
  *
- *   cc -O1 rxm_multi_recv.c -o rxm_multi_recv -lfabric
+ *   cc -O1 rxm_multi_recv.c -o rxm_multi_recv -lfabric      (beside repro.h)
  *   ./rxm_multi_recv [PROVIDER [SIZE [COUNT [SENDERS]]]]   default: "tcp;ofi_rxm" 65544 200 3
  *
  * One receiver posts two multi-receive buffers of four messages each, with
@@ -22,40 +22,15 @@
  * passed 2 of 2. (Written for tcp;ofi_rxm only: it crashes inside libfabric on shm,
  * untried why; the BTL's multi-receive buffers pass every test there.)
  */
-#include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_errno.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "repro.h"
 #include <signal.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-
-#define CK(x)                                                                          \
-    do {                                                                               \
-        int r_ = (int)(x);                                                             \
-        if (r_) {                                                                      \
-            printf("%s = %d (%s)\n", #x, r_, fi_strerror(-r_));                        \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 #define MAXSEND 16
 #define PER_BUF 4
 #define INFLIGHT 4
 #define SMALL 64
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static uint8_t byte_at(uint64_t word, size_t i)
 {
@@ -79,24 +54,7 @@ static struct fid_av *av;
 
 static void open_ep(const char *prov)
 {
-    struct fi_info *hints = fi_allocinfo(), *fi;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_MULTI_RECV;
-    hints->fabric_attr->prov_name = strdup(prov);
-    hints->mode = FI_CONTEXT;
-    hints->domain_attr->mr_mode = 0;
-    CK(fi_getinfo(FI_VERSION(1, 13), NULL, NULL, 0, hints, &fi));
-    struct fid_fabric *fab;
-    struct fid_domain *dom;
-    struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_DATA };
-    struct fi_av_attr aa = { .type = FI_AV_MAP };
-    CK(fi_fabric(fi->fabric_attr, &fab, NULL));
-    CK(fi_domain(fab, fi, &dom, NULL));
-    CK(fi_endpoint(dom, fi, &ep, NULL));
-    CK(fi_cq_open(dom, &ca, &cq, NULL));
-    CK(fi_av_open(dom, &aa, &av, NULL));
-    CK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-    CK(fi_ep_bind(ep, &av->fid, 0));
+    repro_open(prov, FI_MSG | FI_MULTI_RECV, 0, FI_CQ_FORMAT_DATA, &ep, &cq, &av);
 }
 
 static int sender(const char *prov, uint32_t id, size_t size, unsigned count, int rfd)
