@@ -170,6 +170,8 @@ int main(int argc, char **argv)
                 t_fail("MPI_Issend completed before any receive matched it");
         }
         T_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        /* MPI_Iprobe need not set MPI_ERROR (ob1 leaves it): start from the sentinel. */
+        t_status_init(&s);
         t0 = t_now();
         do {
             T_CHECK_MPI(MPI_Iprobe(left, n + 2, comm, &flag, &s));

@@ -927,7 +927,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     let multi_unsafe = crate::common::quirks::of(&provider).multi_recv_unsafe;
     if multi && multi_unsafe {
         log::info!(
-            "provider {provider}: multi-receive buffers lose large messages \
+            "provider {provider}: multi-receive buffers lose messages here \
              (common::quirks); one receive buffer per fragment"
         );
     }

@@ -66,7 +66,24 @@ pub struct Quirks {
     /// mpi_tests/repro/rxm_multi_recv.c shows it without MPI. The
     /// components then post one receive buffer per message.
     pub multi_recv_unsafe: bool,
+    /// Many small messages in flight at once break the provider: it delivers some out
+    /// of order, cuts them to their first 16 bytes, or stalls (udp;ofi_rxd 1.17: our
+    /// MTL's `many_posted`, 5000 unexpected 8-byte messages from one peer, failed about
+    /// half the runs). `mpi_tests/repro/rxd_msg_flood.c` floods with injects and fails
+    /// 2 runs of 3; with at most 64 sends in flight, each with a completion, it passed
+    /// 12 of 12 (256: 5 of 6; 32 and 8 with 10000 messages: 10 of 10 each). The MTL's
+    /// software matching then sends small messages with a completion each and keeps at
+    /// most [`SEND_WINDOW`] in flight, and receives into one buffer per message: with
+    /// both, `many_posted` passed 48 runs of 48 at 2 and 4 ranks; with the window and
+    /// multi-receive buffers it hung in 2 of 15, with neither in 7 of 12. (The BTL does
+    /// not do this yet: the same window there took ob1's `many_posted` from 2 passes in
+    /// 12 to 9 of 12, and to 24 of 24 with one buffer per fragment, but one buffer per
+    /// fragment brought rxd truncation errors and hangs into `p2p`.)
+    pub flood_unsafe: bool,
 }
+
+/// Small sends in flight at most where [`Quirks::flood_unsafe`] holds.
+pub const SEND_WINDOW: usize = 32;
 
 /// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
 /// (the most sockets accepts).
@@ -94,6 +111,7 @@ pub fn of(provider: &str) -> Quirks {
         lazy_matching: layers.first() == Some(&"sockets"),
         reorders_messages: layers.contains(&"ofi_rxd"),
         multi_recv_unsafe: layers.contains(&"ofi_rxm"),
+        flood_unsafe: layers.contains(&"ofi_rxd"),
     }
 }
 
@@ -155,6 +173,10 @@ mod tests {
         assert!(of("tcp;ofi_rxm").multi_recv_unsafe);
         assert!(of("verbs;ofi_rxm").multi_recv_unsafe);
         assert!(!of("shm").multi_recv_unsafe);
+        assert!(!of("udp;ofi_rxd").multi_recv_unsafe);
+        assert!(of("udp;ofi_rxd").flood_unsafe);
+        assert!(!of("tcp;ofi_rxm").flood_unsafe);
+        assert!(!of("shm").flood_unsafe);
         assert!(!of("tcp").unexpected_unbuffered);
         assert_eq!(of("efa"), Quirks::default());
     }

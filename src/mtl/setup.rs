@@ -462,32 +462,32 @@ pub fn init_module(
         };
         // Multi-receive buffers where the endpoint has them and takes the minimum
         // free space: a largest message must always fit the rest of a buffer.
-        if quirks.multi_recv_unsafe {
+        let multi_unsafe = quirks.multi_recv_unsafe || quirks.flood_unsafe;
+        if multi_unsafe {
             log::info!(
-                "provider {provider}: multi-receive buffers lose large messages \
+                "provider {provider}: multi-receive buffers lose messages here \
                  (common::quirks); one receive buffer per message"
             );
         }
-        let multi =
-            domain.info().caps() & fi::FI_MULTI_RECV as u64 != 0 && !quirks.multi_recv_unsafe && {
-                // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
-                match unsafe {
-                    eps[0].setopt(
-                        fi::FI_OPT_ENDPOINT as i32,
-                        fi::FI_OPT_MIN_MULTI_RECV as i32,
-                        &bounce,
-                    )
-                } {
-                    Ok(()) => true,
-                    Err(err) => {
-                        log::info!(
-                            "provider {provider}: no minimum for multi-receive buffers ({err}); \
+        let multi = domain.info().caps() & fi::FI_MULTI_RECV as u64 != 0 && !multi_unsafe && {
+            // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
+            match unsafe {
+                eps[0].setopt(
+                    fi::FI_OPT_ENDPOINT as i32,
+                    fi::FI_OPT_MIN_MULTI_RECV as i32,
+                    &bounce,
+                )
+            } {
+                Ok(()) => true,
+                Err(err) => {
+                    log::info!(
+                        "provider {provider}: no minimum for multi-receive buffers ({err}); \
                          one receive buffer per message"
-                        );
-                        false
-                    }
+                    );
+                    false
                 }
-            };
+            }
+        };
         let mut sm = Box::new(super::softmatch::SoftMatch::new(
             dom.clone(),
             mpi_threads,
@@ -495,6 +495,11 @@ pub fn init_module(
             piece_max,
             multi,
             quirks.reorders_messages,
+            if quirks.flood_unsafe {
+                common::quirks::SEND_WINDOW
+            } else {
+                0
+            },
         ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;

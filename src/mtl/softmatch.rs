@@ -307,6 +307,11 @@ pub struct SoftMatch {
     multi: bool,
     /// Per-peer message order, where the provider may break it.
     order: Option<Order>,
+    /// Where many messages in flight break the provider
+    /// (`common::quirks::Quirks::flood_unsafe`): small messages go as copies with a
+    /// completion each (never inject), and a send waits while this many are in
+    /// flight. 0: no limit.
+    send_window: usize,
 }
 
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
@@ -459,7 +464,9 @@ impl SoftMatch {
     /// inject size is slow (shm: `process_vm_readv`); 0 for none; `multi`: receive
     /// into multi-receive buffers (the endpoint has `FI_MULTI_RECV`, and its minimum
     /// free space set to `bounce_size`); `ordered`: number each peer's messages and
-    /// restore their order on arrival ([`Order`]), for a provider that may break it.
+    /// restore their order on arrival ([`Order`]), for a provider that may break it;
+    /// `send_window`: at most this many small sends in flight, none injected (0: no
+    /// limit), for a provider that many messages in flight break.
     pub fn new(
         domain: Arc<Domain>,
         threads: bool,
@@ -467,6 +474,7 @@ impl SoftMatch {
         piece_max: usize,
         multi: bool,
         ordered: bool,
+        send_window: usize,
     ) -> SoftMatch {
         let piece_max = if piece_max > HDR_LEN {
             piece_max.min(PIECE_BUF)
@@ -495,6 +503,7 @@ impl SoftMatch {
             assembled: AtomicU64::new(0),
             multi,
             order: ordered.then(|| Order::new(process_id())),
+            send_window,
         }
     }
 
@@ -758,6 +767,9 @@ unsafe fn send_copy(
         (*c).length = total;
         (buf, (*c).ctx_ptr())
     };
+    // Counted before the post: another thread's progress may read its completion
+    // before fi_send returns.
+    sm.copies_in_flight.fetch_add(1, Ordering::Relaxed);
     let ret = datapath::retry(m, || {
         sm.numbered(addr, |seq, src| {
             // SAFETY: the block, a header first, lives until the completion frees it.
@@ -775,10 +787,9 @@ unsafe fn send_copy(
         })
     });
     if ret < 0 {
+        sm.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: not posted: still ours.
         unsafe { copied_free(c) };
-    } else {
-        sm.copies_in_flight.fetch_add(1, Ordering::Relaxed);
     }
     ret
 }
@@ -831,6 +842,9 @@ pub unsafe fn send_injected(
     bits: u64,
     data: u64,
 ) -> Option<c_int> {
+    if sm.send_window > 0 {
+        return None;
+    }
     let hdr = Hdr {
         kind: EAGER,
         bits,
@@ -944,7 +958,7 @@ pub unsafe fn send(
             rq.pending.store(0, Ordering::Release);
             return SENT_INLINE;
         }
-        if !sync {
+        if !sync && sm.send_window == 0 {
             // SAFETY: ptr_ holds len bytes.
             if let Some(ret) = unsafe { inject_whole(m, sm, &rq.sm_hdr, ptr_, len, addr) } {
                 if ret < 0 {
@@ -955,6 +969,12 @@ pub unsafe fn send(
             }
         }
         if !sync && len <= COPY_MAX {
+            if sm.send_window > 0 {
+                // Wait for room: at most send_window of them in flight.
+                datapath::wait_until(m, || {
+                    sm.copies_in_flight.load(Ordering::Relaxed) < sm.send_window
+                });
+            }
             // Complete the request now, as an inject would: the message goes out of a
             // copy that is freed at its completion. Programs written against ob1 (and
             // most MTLs, whose small sends complete at once) test for this.
