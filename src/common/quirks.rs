@@ -75,7 +75,7 @@ pub struct Quirks {
     /// software matching then sends small messages with a completion each and keeps at
     /// most [`SEND_WINDOW`] in flight, and receives into one buffer per message: with
     /// both, `many_posted` passed 48 runs of 48 at 2 and 4 ranks; with the window and
-    /// multi-receive buffers it hung in 2 of 15, with neither in 7 of 12. (The BTL does
+    /// multi-receive buffers it hung in 3 of 46, with neither in 7 of 12. (The BTL does
     /// not do this yet: the same window there took ob1's `many_posted` from 2 passes in
     /// 12 to 9 of 12, and to 24 of 24 with one buffer per fragment, but one buffer per
     /// fragment brought rxd truncation errors and hangs into `p2p`.)
