@@ -11,9 +11,8 @@
  * Every message is 64 bytes: a sequence number and 56 bytes derived from it. Each
  * process sends COUNT of them (fi_inject, or fi_send with a completion each and at most
  * WINDOW in flight when "send" is given) and checks that it receives COUNT, in order,
- * intact. It prints the first
- * wrong message ("OUT OF ORDER", "CORRUPT", "SHORT") or "STALL" when nothing arrives
- * for 10 s, else "ok". Exit status 1 on any of those.
+ * intact. It prints the first wrong message ("OUT OF ORDER", "CORRUPT", "SHORT") or
+ * "STALL" when nothing arrives for 10 s, else "ok". Exit status 1 on any of those.
  */
 #include "repro.h"
 #include <sys/wait.h>

@@ -842,9 +842,6 @@ pub unsafe fn send_injected(
     bits: u64,
     data: u64,
 ) -> Option<c_int> {
-    if sm.send_window > 0 {
-        return None;
-    }
     let hdr = Hdr {
         kind: EAGER,
         bits,
@@ -863,7 +860,8 @@ pub unsafe fn send_injected(
 
 /// Inject header `hdr` and its `len` payload bytes as one message, when they fit an
 /// inject and are not sent in pieces: the provider's return value, `None` when they
-/// do not fit.
+/// do not fit or the provider takes no injects (a send window, see
+/// [`SoftMatch::new`]'s `send_window`).
 ///
 /// # Safety
 /// `ptr_` holds `len` bytes.
@@ -877,7 +875,11 @@ unsafe fn inject_whole(
 ) -> Option<isize> {
     let total = HDR_LEN + len;
     let pieces = sm.piece_max;
-    if total > m.inject_size || total > PIECE_BUF || (pieces > 0 && total > pieces) {
+    if sm.send_window > 0
+        || total > m.inject_size
+        || total > PIECE_BUF
+        || (pieces > 0 && total > pieces)
+    {
         return None;
     }
     // Not zeroed: only the `total` bytes written below are handed to inject (zeroing
@@ -958,7 +960,7 @@ pub unsafe fn send(
             rq.pending.store(0, Ordering::Release);
             return SENT_INLINE;
         }
-        if !sync && sm.send_window == 0 {
+        if !sync {
             // SAFETY: ptr_ holds len bytes.
             if let Some(ret) = unsafe { inject_whole(m, sm, &rq.sm_hdr, ptr_, len, addr) } {
                 if ret < 0 {
