@@ -674,7 +674,10 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
     let len = HDR + fr.segment.seg_len as usize;
     // SAFETY: endpoint came from add_procs.
     let dest = unsafe { (*fr.endpoint).addr };
-    if len <= st.inject_size {
+    if st.send_window > 0 && st.send_outstanding.load(Ordering::Acquire) >= st.send_window {
+        return Err(Error::AGAIN);
+    }
+    if len <= st.inject_size && st.send_window == 0 {
         // SAFETY: the buffer is valid for len bytes during the call.
         st.fi(|| unsafe { st.tx().inject(fr.buf as *const c_void, len, st.to(dest)) })?;
         return Ok(true);
@@ -686,12 +689,16 @@ unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
     }
     let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
     let ctx = fr.ctx.as_op_context();
+    // Counted before the post: another thread may reap the completion first.
+    st.send_outstanding.fetch_add(1, Ordering::AcqRel);
     // SAFETY: the fragment (buffer and context) stays ours until the completion.
     st.fi(|| unsafe {
         st.tx()
             .send(fr.buf as *const c_void, len, desc, st.to(dest), ctx)
+    })
+    .inspect_err(|_| {
+        st.send_outstanding.fetch_sub(1, Ordering::AcqRel);
     })?;
-    st.send_outstanding.fetch_add(1, Ordering::AcqRel);
     Ok(false)
 }
 
@@ -974,7 +981,7 @@ pub(crate) extern "C" fn btl_sendi(
         }
         // Small enough to inject: built on the stack, no fragment taken from (and
         // given back to) the free list, whose lock is most of a small send's cost.
-        if HDR + total <= st.inject_size.min(INLINE_MAX) {
+        if HDR + total <= st.inject_size.min(INLINE_MAX) && st.send_window == 0 {
             let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
             let b = buf.as_mut_ptr() as *mut u8;
             let h = AmHeader {

@@ -104,6 +104,9 @@ pub struct State {
     pub pending: Mutex<VecDeque<*mut Frag>>,
     /// Mirrors `!pending.is_empty()`; only written with `pending` locked.
     pub has_pending: AtomicBool,
+    /// Sends with a completion in flight at most (0: no limit); where set, nothing is
+    /// injected (common::quirks::Quirks::flood_unsafe).
+    pub send_window: usize,
     /// Held by the one thread that posts queued sends (see `am::drain_pending`).
     pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
@@ -804,6 +807,22 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     } else {
         rd_num
     };
+    // Where unexpected messages break the provider, post enough buffers that the
+    // fragments ob1 keeps in flight find one (common::quirks::FLOOD_RECV_BUFFERS).
+    let floor = crate::common::quirks::FLOOD_RECV_BUFFERS as i64;
+    let rd_num = if two_sided
+        && crate::common::quirks::of(&provider).flood_unsafe
+        && rd_num < floor
+        && (rx_depth == 0 || rx_depth as i64 >= floor)
+    {
+        log::info!(
+            "provider {provider}: unexpected messages break it (common::quirks): \
+             {floor} receive buffers instead of btl_ofi_rd_num={rd_num}"
+        );
+        floor
+    } else {
+        rd_num
+    };
     let max_msg = info.max_msg_size();
     let caps = info.caps();
 
@@ -815,6 +834,20 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     sup.btl_max_send_size = sup
         .btl_max_send_size
         .clamp(1, max_msg.saturating_sub(HDR).max(1));
+    let one_packet = inject_size.saturating_sub(HDR);
+    if two_sided
+        && crate::common::quirks::of(&provider).segments_unsafe
+        && one_packet > 0
+        && sup.btl_max_send_size > one_packet
+        && !crate::ompi::params::user_set("opal", "btl", "ofi", "max_send_size")
+    {
+        log::info!(
+            "provider {provider}: messages of more than one packet break it under load \
+             (common::quirks): fragments of at most {one_packet} B (btl_ofi_max_send_size \
+             overrides)"
+        );
+        sup.btl_max_send_size = one_packet;
+    }
     sup.btl_eager_limit = sup.btl_eager_limit.clamp(1, sup.btl_max_send_size);
     sup.btl_rndv_eager_limit = sup.btl_rndv_eager_limit.min(sup.btl_eager_limit);
     let mut capable = sys::MCA_BTL_FLAGS_SEND_INPLACE;
@@ -923,8 +956,10 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     }
     let frag_payload = sup.btl_max_send_size;
     // Multi-receive buffers need the provider to release one before less than a
-    // largest fragment is left in it, and to keep track of large fragments in them.
-    let multi_unsafe = crate::common::quirks::of(&provider).multi_recv_unsafe;
+    // largest fragment is left in it, and to keep track of large fragments in them
+    // (and of unexpected messages matched to them: not so on flood_unsafe providers).
+    let quirks = crate::common::quirks::of(&provider);
+    let multi_unsafe = quirks.multi_recv_unsafe || quirks.flood_unsafe;
     if multi && multi_unsafe {
         log::info!(
             "provider {provider}: multi-receive buffers lose messages here \
@@ -992,6 +1027,11 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             frags: Mutex::new(Vec::new()),
             pending: Mutex::new(VecDeque::new()),
             has_pending: AtomicBool::new(false),
+            send_window: if quirks.flood_unsafe {
+                crate::common::quirks::SEND_WINDOW
+            } else {
+                0
+            },
             draining: Mutex::new(()),
             recv_bufs: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),

@@ -75,15 +75,29 @@ pub struct Quirks {
     /// software matching then sends small messages with a completion each and keeps at
     /// most [`SEND_WINDOW`] in flight, and receives into one buffer per message: with
     /// both, `many_posted` passed 48 runs of 48 at 2 and 4 ranks; with the window and
-    /// multi-receive buffers it hung in 3 of 46, with neither in 7 of 12. (The BTL does
-    /// not do this yet: the same window there took ob1's `many_posted` from 2 passes in
-    /// 12 to 9 of 12, and to 24 of 24 with one buffer per fragment, but one buffer per
-    /// fragment brought rxd truncation errors and hangs into `p2p`.)
+    /// multi-receive buffers it hung in 3 of 46, with neither in 7 of 12. The BTL does
+    /// the same (and posts at least [`FLOOD_RECV_BUFFERS`]): ob1's `many_posted` passed
+    /// 12 runs of 12 at 2 and 4 ranks, 2 of 12 before.
     pub flood_unsafe: bool,
+    /// Messages longer than one of the provider's packets (its inject size) arrive cut
+    /// or mixed with other messages when many are in flight: ofi_rxd 1.17 completed a
+    /// receive of a 64 KiB fragment with `FI_ETRUNC` after counting every segment but
+    /// placing only 59784 of its bytes, or delivered "40 payload bytes" as 64. ob1 over
+    /// the BTL hung in mpi_tests `dt_displaced` (4 MiB of non-contiguous data in
+    /// 64 KiB fragments) in 6 runs of 10 at 2 ranks, and in `p2p` (Bsend of 4 MiB) at
+    /// 4 ranks; with fragments of one packet (`btl_ofi_max_send_size` 1200) 12 runs of
+    /// 12 passed in about the same time. The BTL then keeps its fragments within the
+    /// inject size unless `btl_ofi_max_send_size` is set.
+    pub segments_unsafe: bool,
 }
 
 /// Small sends in flight at most where [`Quirks::flood_unsafe`] holds.
 pub const SEND_WINDOW: usize = 32;
+
+/// Receive buffers (one fragment each) that the BTL posts at least where
+/// [`Quirks::flood_unsafe`] holds (`btl_ofi_rd_num`'s default is 8), so that fewer
+/// messages arrive unexpected, rxd's weakest path.
+pub const FLOOD_RECV_BUFFERS: usize = 64;
 
 /// Bytes of unexpected messages asked of a provider with `unexpected_unbuffered`
 /// (the most sockets accepts).
@@ -112,6 +126,7 @@ pub fn of(provider: &str) -> Quirks {
         reorders_messages: layers.contains(&"ofi_rxd"),
         multi_recv_unsafe: layers.contains(&"ofi_rxm"),
         flood_unsafe: layers.contains(&"ofi_rxd"),
+        segments_unsafe: layers.contains(&"ofi_rxd"),
     }
 }
 
@@ -177,6 +192,9 @@ mod tests {
         assert!(of("udp;ofi_rxd").flood_unsafe);
         assert!(!of("tcp;ofi_rxm").flood_unsafe);
         assert!(!of("shm").flood_unsafe);
+        assert!(of("udp;ofi_rxd").segments_unsafe);
+        assert!(!of("tcp;ofi_rxm").segments_unsafe);
+        assert!(!of("net").segments_unsafe);
         assert!(!of("tcp").unexpected_unbuffered);
         assert_eq!(of("efa"), Quirks::default());
     }

@@ -517,6 +517,24 @@ impl Registered {
     }
 }
 
+/// Did the user set the MCA variable `project_framework_component_name` (one that
+/// Open MPI registered, such as `btl_ofi_max_send_size`)?
+pub fn user_set(project: &str, framework: &str, component: &str, name: &str) -> bool {
+    let c = |s: &str| CString::new(s).unwrap_or_default();
+    let (p, f, co, n) = (c(project), c(framework), c(component), c(name));
+    // SAFETY: four NUL-terminated strings that outlive the call.
+    let idx = unsafe { sys::mca_base_var_find(p.as_ptr(), f.as_ptr(), co.as_ptr(), n.as_ptr()) };
+    if idx < 0 {
+        return false;
+    }
+    let mut source: sys::mca_base_var_source_t = sys::MCA_BASE_VAR_SOURCE_DEFAULT;
+    // SAFETY: idx is a valid variable index; source is a valid out pointer.
+    let rc = unsafe {
+        sys::mca_base_var_get_value(idx, std::ptr::null_mut(), &mut source, std::ptr::null_mut())
+    };
+    rc == sys::OPAL_SUCCESS && source != sys::MCA_BASE_VAR_SOURCE_DEFAULT
+}
+
 fn component_type(c: *const sys::mca_base_component_t) -> String {
     // SAFETY: c points to one of our component structs, whose type name is a
     // NUL-terminated array.
