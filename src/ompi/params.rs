@@ -499,21 +499,7 @@ impl Registered {
 
     /// Is the variable set by the user (not at its default)?
     pub fn is_set(&self, i: usize) -> bool {
-        let idx = self.indices.get(i).copied().unwrap_or(-1);
-        if idx < 0 {
-            return false;
-        }
-        let mut source: sys::mca_base_var_source_t = sys::MCA_BASE_VAR_SOURCE_DEFAULT;
-        // SAFETY: idx is a valid variable index; source is a valid out pointer.
-        let rc = unsafe {
-            sys::mca_base_var_get_value(
-                idx,
-                std::ptr::null_mut(),
-                &mut source,
-                std::ptr::null_mut(),
-            )
-        };
-        rc == sys::OPAL_SUCCESS && source != sys::MCA_BASE_VAR_SOURCE_DEFAULT
+        set_by_user(self.indices.get(i).copied().unwrap_or(-1))
     }
 }
 
@@ -523,7 +509,11 @@ pub fn user_set(project: &str, framework: &str, component: &str, name: &str) -> 
     let c = |s: &str| CString::new(s).unwrap_or_default();
     let (p, f, co, n) = (c(project), c(framework), c(component), c(name));
     // SAFETY: four NUL-terminated strings that outlive the call.
-    let idx = unsafe { sys::mca_base_var_find(p.as_ptr(), f.as_ptr(), co.as_ptr(), n.as_ptr()) };
+    set_by_user(unsafe { sys::mca_base_var_find(p.as_ptr(), f.as_ptr(), co.as_ptr(), n.as_ptr()) })
+}
+
+/// Is the MCA variable with index `idx` (negative: none) set other than by default?
+fn set_by_user(idx: c_int) -> bool {
     if idx < 0 {
         return false;
     }
