@@ -766,7 +766,8 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // Atomics by active messages: asked for, or (auto) the provider has none or its
     // own crash (common::quirks). They need both services: the request travels as an
     // active message to the window's registration.
-    let atomics_crash = crate::common::quirks::of(&provider).atomics_crash;
+    let quirks = crate::common::quirks::of(&provider);
+    let atomics_crash = quirks.atomics_crash;
     let amo = one_sided
         && two_sided
         && match atomics_mode {
@@ -811,7 +812,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // fragments ob1 keeps in flight find one (common::quirks::FLOOD_RECV_BUFFERS).
     let floor = crate::common::quirks::FLOOD_RECV_BUFFERS as i64;
     let rd_num = if two_sided
-        && crate::common::quirks::of(&provider).flood_unsafe
+        && quirks.flood_unsafe
         && rd_num < floor
         && (rx_depth == 0 || rx_depth as i64 >= floor)
     {
@@ -836,7 +837,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         .clamp(1, max_msg.saturating_sub(HDR).max(1));
     let one_packet = inject_size.saturating_sub(HDR);
     if two_sided
-        && crate::common::quirks::of(&provider).segments_unsafe
+        && quirks.segments_unsafe
         && one_packet > 0
         && sup.btl_max_send_size > one_packet
         && !crate::ompi::params::user_set("opal", "btl", "ofi", "max_send_size")
@@ -958,7 +959,6 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // Multi-receive buffers need the provider to release one before less than a
     // largest fragment is left in it, and to keep track of large fragments in them
     // (and of unexpected messages matched to them: not so on flood_unsafe providers).
-    let quirks = crate::common::quirks::of(&provider);
     let multi_unsafe = quirks.multi_recv_unsafe || quirks.flood_unsafe;
     if multi && multi_unsafe {
         log::info!(
@@ -1009,7 +1009,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,
             mr_access: access,
             inject_size,
-            piece_max: if crate::common::quirks::of(&provider).send_past_inject_slow {
+            piece_max: if quirks.send_past_inject_slow {
                 inject_size.min(am::INLINE_MAX)
             } else {
                 0
