@@ -312,7 +312,16 @@ pub struct SoftMatch {
     /// completion each (never inject), and a send waits while this many are in
     /// flight. 0: no limit.
     send_window: usize,
+    /// Every message longer than a piece goes in pieces, whatever its size, and none
+    /// is read by its receiver (`common::quirks::Quirks::segments_unsafe`: the
+    /// provider mixes up transfers of more than one packet, reads included).
+    pieces_only: bool,
 }
+
+/// The largest message where every message goes in pieces (`pieces_only`): what a
+/// receiver may be asked to hold (unexpected messages are assembled in memory; a
+/// failed allocation drops the message with an error).
+pub const PIECES_ONLY_MAX: usize = isize::MAX as usize;
 
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
 /// messages out of the order they were sent, though it promises `FI_ORDER_SAS`
@@ -466,7 +475,10 @@ impl SoftMatch {
     /// free space set to `bounce_size`); `ordered`: number each peer's messages and
     /// restore their order on arrival ([`Order`]), for a provider that may break it;
     /// `send_window`: at most this many small sends in flight, none injected (0: no
-    /// limit), for a provider that many messages in flight break.
+    /// limit), for a provider that many messages in flight break; `pieces_only`: send
+    /// every message larger than `piece_max` in pieces, none by rendezvous, for a
+    /// provider that mixes up messages of more than one packet.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         domain: Arc<Domain>,
         threads: bool,
@@ -475,6 +487,7 @@ impl SoftMatch {
         multi: bool,
         ordered: bool,
         send_window: usize,
+        pieces_only: bool,
     ) -> SoftMatch {
         let piece_max = if piece_max > HDR_LEN {
             piece_max.min(PIECE_BUF)
@@ -504,6 +517,7 @@ impl SoftMatch {
             multi,
             order: ordered.then(|| Order::new(process_id())),
             send_window,
+            pieces_only: pieces_only && piece_max > 0,
         }
     }
 
@@ -516,9 +530,47 @@ impl SoftMatch {
         }
     }
 
-    /// The largest payload sent eagerly; larger messages are read by the receiver.
+    /// Post a message that matches to `addr` with `post(seq, src)`, retried while the
+    /// provider pushes back. `num` is the message's number: `None` for a new message,
+    /// which takes the next one (and stores it there for its later pieces), or the
+    /// number its first piece took.
+    fn post_numbered(
+        &self,
+        m: &Mtl,
+        addr: u64,
+        num: &mut Option<(u32, u64)>,
+        mut post: impl FnMut(u32, u64) -> isize,
+    ) -> isize {
+        datapath::retry(m, || match *num {
+            Some((seq, src)) => post(seq, src),
+            None => self.numbered(addr, |seq, src| {
+                let ret = post(seq, src);
+                if ret >= 0 {
+                    *num = Some((seq, src));
+                }
+                ret
+            }),
+        })
+    }
+
+    /// Under a send window, progress until fewer than `send_window` copies are in
+    /// flight.
+    fn wait_for_window(&self, m: &Mtl) {
+        if self.send_window > 0 {
+            datapath::wait_until(m, || {
+                self.copies_in_flight.load(Ordering::Relaxed) < self.send_window
+            });
+        }
+    }
+
+    /// The largest payload sent eagerly; larger messages are read by the receiver,
+    /// except where every message goes in pieces (`pieces_only`).
     pub fn eager_max(&self) -> usize {
-        self.bounce_size - HDR_LEN
+        if self.pieces_only {
+            PIECES_ONLY_MAX
+        } else {
+            self.bounce_size - HDR_LEN
+        }
     }
 
     /// The receive buffers, in words.
@@ -654,10 +706,12 @@ fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
 pub const SENT_INLINE: c_int = 1;
 
 /// The stack buffer a piece or an injected message is built in.
-const PIECE_BUF: usize = 4096;
+pub const PIECE_BUF: usize = 4096;
 
 /// Send the eager message of `hdr` (`len` payload bytes at `data`) as pieces of at
-/// most `sm.piece_max` bytes with inject. Returns the provider's code.
+/// most `sm.piece_max` bytes: injected, or, under a send window, each from a copy with
+/// a completion of its own, at most `sm.send_window` in flight. Returns the provider's
+/// code.
 ///
 /// # Safety
 /// `data` must hold `len` bytes.
@@ -685,6 +739,16 @@ unsafe fn send_pieces(
             key: id,
             ..*hdr
         };
+        if sm.send_window > 0 {
+            sm.wait_for_window(m);
+            // SAFETY: data holds len bytes.
+            let ret = unsafe { send_copy(m, sm, &h, data.add(off), n, addr, &mut num) };
+            if ret < 0 {
+                return ret;
+            }
+            off += n;
+            continue;
+        }
         // SAFETY: HDR_LEN + n <= piece_max <= PIECE_BUF; data holds len bytes.
         unsafe {
             ptr::copy_nonoverlapping(&h as *const Hdr as *const u8, tmp, HDR_LEN);
@@ -692,19 +756,9 @@ unsafe fn send_pieces(
         }
         // SAFETY: the first HDR_LEN + n bytes of tmp are initialised, a header
         // first; inject copies them before returning.
-        let inject = |seq: u32, src: u64| unsafe {
+        let ret = sm.post_numbered(m, addr, &mut num, |seq, src| unsafe {
             stamp(tmp, seq, src);
             fi::fi_inject(m.ep(), tmp as *const c_void, HDR_LEN + n, addr)
-        };
-        let ret = datapath::retry(m, || match num {
-            Some((seq, src)) => inject(seq, src),
-            None => sm.numbered(addr, |seq, src| {
-                let ret = inject(seq, src);
-                if ret >= 0 {
-                    num = Some((seq, src));
-                }
-                ret
-            }),
         });
         if ret < 0 {
             // The receiver holds the pieces so far until finalize; the error reaches
@@ -732,8 +786,8 @@ fn copied_layout(total: usize) -> Option<std::alloc::Layout> {
 }
 
 /// Send header `h` and `len` bytes at `data` from a heap copy under a request of its
-/// own ([`Kind::Copied`]), both in one block freed at completion. Returns the
-/// provider's code.
+/// own ([`Kind::Copied`]), both in one block freed at completion. `num` is the
+/// message's number (see [`SoftMatch::post_numbered`]). Returns the provider's code.
 ///
 /// # Safety
 /// `data` must hold `len` bytes (only read before this returns).
@@ -744,6 +798,7 @@ unsafe fn send_copy(
     data: *const u8,
     len: usize,
     addr: u64,
+    num: &mut Option<(u32, u64)>,
 ) -> isize {
     let total = HDR_LEN + len;
     let Some(layout) = copied_layout(total) else {
@@ -770,21 +825,17 @@ unsafe fn send_copy(
     // Counted before the post: another thread's progress may read its completion
     // before fi_send returns.
     sm.copies_in_flight.fetch_add(1, Ordering::Relaxed);
-    let ret = datapath::retry(m, || {
-        sm.numbered(addr, |seq, src| {
-            // SAFETY: the block, a header first, lives until the completion frees it.
-            unsafe {
-                stamp(buf, seq, src);
-                fi::fi_send(
-                    m.ep(),
-                    buf as *const c_void,
-                    total,
-                    ptr::null_mut(),
-                    addr,
-                    ctx,
-                )
-            }
-        })
+    // SAFETY: the block, a header first, lives until the completion frees it.
+    let ret = sm.post_numbered(m, addr, num, |seq, src| unsafe {
+        stamp(buf, seq, src);
+        fi::fi_send(
+            m.ep(),
+            buf as *const c_void,
+            total,
+            ptr::null_mut(),
+            addr,
+            ctx,
+        )
     });
     if ret < 0 {
         sm.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -971,17 +1022,12 @@ pub unsafe fn send(
             }
         }
         if !sync && len <= COPY_MAX {
-            if sm.send_window > 0 {
-                // Wait for room: at most send_window of them in flight.
-                datapath::wait_until(m, || {
-                    sm.copies_in_flight.load(Ordering::Relaxed) < sm.send_window
-                });
-            }
+            sm.wait_for_window(m);
             // Complete the request now, as an inject would: the message goes out of a
             // copy that is freed at its completion. Programs written against ob1 (and
             // most MTLs, whose small sends complete at once) test for this.
             // SAFETY: ptr_ holds len bytes; the copy gets its own request.
-            let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr) };
+            let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr, &mut None) };
             return if ret < 0 {
                 datapath::fi_to_ompi(ret)
             } else {
@@ -1421,16 +1467,22 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
     let len = hdr.len as usize;
     if !lists.partial.contains_key(&hdr.key) {
         let target = lists.take_posted(hdr.bits);
+        let mut payload = Vec::new();
+        if target.is_none() {
+            // Where every message goes in pieces, an unexpected one may be large: a
+            // failed allocation drops it, with an error, instead of the process.
+            if payload.try_reserve_exact(len).is_err() {
+                log::error!("no memory for an unexpected message of {len} bytes");
+                return Err(None);
+            }
+            payload.resize(len, 0);
+        }
         lists.partial.insert(
             hdr.key,
             Partial {
                 hdr: Hdr { addr: 0, ..*hdr },
                 target,
-                payload: if target.is_some() {
-                    Vec::new()
-                } else {
-                    vec![0u8; len]
-                },
+                payload,
                 got: 0,
             },
         );
