@@ -441,12 +441,11 @@ pub fn init_module(
     let mut state = state;
     if soft {
         // Matching in software relies on untagged messages from one peer completing in
-        // the order they were sent. udp;ofi_rxd and net keep that at any size (rxd
-        // delivers a peer's segments in sequence, net streams over one socket), and
-        // their RMA reads are protocol exchanges of their own, so 64 KiB goes eagerly
-        // there. ofi_rxm completes a message past its eager size (rendezvous) after
-        // the smaller ones sent behind it, and shm reads with one process_vm_readv:
-        // 16 KiB.
+        // the order they were sent. net keeps that at any size (it streams over one
+        // socket), and its RMA reads are protocol exchanges of their own, so 64 KiB
+        // goes eagerly there. ofi_rxm completes a message past its eager size
+        // (rendezvous) after the smaller ones sent behind it, and shm reads with one
+        // process_vm_readv: 16 KiB.
         // udp;ofi_rxd mixes up transfers of more than one packet (common::quirks::
         // Quirks::segments_unsafe: a 4 MiB read completed with bytes never written,
         // in CI at 8 ranks): there every message goes in pieces of one packet, and a
