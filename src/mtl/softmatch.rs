@@ -233,6 +233,9 @@ struct Posted {
 pub struct Unexpected {
     pub hdr: Hdr,
     pub payload: Vec<u8>,
+    /// Arrived in pieces without memory to hold it: its receive fails with
+    /// `MPI_ERR_NO_MEM` (the payload is empty).
+    pub lost: bool,
 }
 
 /// An eager message whose pieces are arriving ([`FRAG`]).
@@ -248,6 +251,9 @@ struct Partial {
     payload: Vec<u8>,
     /// Bytes received so far.
     got: usize,
+    /// Without a target, and no memory for the message: its pieces are counted and
+    /// dropped, and the whole is queued as lost.
+    lost: bool,
 }
 
 struct Lists {
@@ -1141,6 +1147,9 @@ enum Delivery {
     /// An eager message in pieces, already copied into the receive's buffer (as much
     /// of it as fits); the message's length.
     Filled(usize),
+    /// An eager message in pieces that there was no memory for: the receive fails
+    /// with `MPI_ERR_NO_MEM`.
+    Lost,
     Rts,
 }
 
@@ -1164,9 +1173,14 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
     // Only acknowledgements and reads need the sender's address.
     let addr = || datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
     match what {
-        Delivery::Eager(_) | Delivery::Filled(_) => {
+        Delivery::Eager(_) | Delivery::Filled(_) | Delivery::Lost => {
+            let mut status = sys::MPI_SUCCESS as c_int;
             let len = match what {
                 Delivery::Filled(len) => len,
+                Delivery::Lost => {
+                    status = sys::MPI_ERR_NO_MEM as c_int;
+                    0
+                }
                 Delivery::Eager(ref owned) => {
                     let bytes = payload.unwrap_or(owned);
                     let n = bytes.len().min(rq.length);
@@ -1182,7 +1196,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 control(m, addr(), ACK, hdr.token);
             }
             // SAFETY: r is live.
-            unsafe { datapath::recv_done_with(m, r, env, len, false, sys::MPI_SUCCESS as c_int) };
+            unsafe { datapath::recv_done_with(m, r, env, len, false, status) };
         }
         Delivery::Rts => {
             let addr = addr();
@@ -1392,6 +1406,18 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                             lists.unexpected.push_back(Unexpected {
                                 hdr: h,
                                 payload: bytes,
+                                lost: false,
+                            });
+                            Ok(None)
+                        }
+                    },
+                    Ok(Whole::Lost(h)) => match lists.take_posted(h.bits) {
+                        Some(r) => Ok(Some((r, h, Delivery::Lost))),
+                        None => {
+                            lists.unexpected.push_back(Unexpected {
+                                hdr: h,
+                                payload: Vec::new(),
+                                lost: true,
                             });
                             Ok(None)
                         }
@@ -1435,6 +1461,7 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                     lists.unexpected.push_back(Unexpected {
                         hdr,
                         payload: payload[..payload_len].to_vec(),
+                        lost: false,
                     });
                 }
                 r
@@ -1459,6 +1486,8 @@ enum Whole {
     Filled(*mut Request, Hdr),
     /// A message without one: match it now, or queue it.
     Owned(Hdr, Vec<u8>),
+    /// A message without one that there was no memory for: its receive fails.
+    Lost(Hdr),
 }
 
 /// Add piece `hdr`/`payload` to its message. `Err` when the piece disagrees with the
@@ -1468,14 +1497,20 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
     if !lists.partial.contains_key(&hdr.key) {
         let target = lists.take_posted(hdr.bits);
         let mut payload = Vec::new();
+        let mut lost = false;
         if target.is_none() {
             // Where every message goes in pieces, an unexpected one may be large: a
-            // failed allocation drops it, with an error, instead of the process.
-            if payload.try_reserve_exact(len).is_err() {
-                log::error!("no memory for an unexpected message of {len} bytes");
-                return Err(None);
+            // failed allocation loses it, and the receive that matches it fails,
+            // instead of the process.
+            if payload.try_reserve_exact(len).is_ok() {
+                payload.resize(len, 0);
+            } else {
+                log::error!(
+                    "no memory for an unexpected message of {len} bytes: the receive that \
+                     matches it fails with MPI_ERR_NO_MEM"
+                );
+                lost = true;
             }
-            payload.resize(len, 0);
         }
         lists.partial.insert(
             hdr.key,
@@ -1484,6 +1519,7 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
                 target,
                 payload,
                 got: 0,
+                lost,
             },
         );
     }
@@ -1512,6 +1548,7 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
                 }
             }
         }
+        None if p.lost => {}
         None => p.payload[at..at + payload.len()].copy_from_slice(payload),
     }
     p.got += payload.len();
@@ -1527,6 +1564,7 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
     };
     Ok(match p.target {
         Some(r) => Whole::Filled(r, whole),
+        None if p.lost => Whole::Lost(whole),
         None => Whole::Owned(whole, p.payload),
     })
 }
@@ -1559,7 +1597,9 @@ pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -
 
 /// Deliver an unexpected message to `r`.
 pub fn take(m: &Mtl, r: *mut Request, u: Unexpected) {
-    let what = if u.hdr.kind == EAGER {
+    let what = if u.lost {
+        Delivery::Lost
+    } else if u.hdr.kind == EAGER {
         Delivery::Eager(u.payload)
     } else {
         Delivery::Rts
@@ -1858,6 +1898,36 @@ mod tests {
         let (h, p) = hdr_of(&piece(6000, 0, 9, 4040));
         assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
         assert!(matches!(add_piece(&mut l, &h, &p), Err(None)));
+    }
+
+    #[test]
+    fn an_unexpected_message_without_memory_is_lost_not_fatal() {
+        let mut l = lists();
+        // No allocation of this size can succeed: the message is counted, not held.
+        let huge = (isize::MAX as u64) - 1;
+        let of = |bytes: &[u8]| {
+            let (h, p) = Hdr::decode(bytes, PIECES_ONLY_MAX).unwrap();
+            (h, p.to_vec())
+        };
+        let (h, p) = of(&piece(huge, 0, 9, 4040));
+        assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
+        assert!(l.partial[&9].lost && l.partial[&9].payload.is_empty());
+        let (h, p) = of(&piece(huge, 4040, 9, 4040));
+        assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
+        assert_eq!(l.partial[&9].got, 8080);
+        // A lost message that completes is handed on as lost (its receive fails).
+        let mut l = lists();
+        let (h, p) = hdr_of(&piece(6000, 0, 4, 4040));
+        assert!(matches!(add_piece(&mut l, &h, &p), Ok(Whole::Not)));
+        let part = l.partial.get_mut(&4).unwrap();
+        part.lost = true;
+        part.payload = Vec::new();
+        let (h, p) = hdr_of(&piece(6000, 4040, 4, 1960));
+        match add_piece(&mut l, &h, &p) {
+            Ok(Whole::Lost(w)) => assert_eq!((w.kind, w.len), (EAGER, 6000)),
+            _ => panic!("not lost"),
+        }
+        assert!(l.partial.is_empty());
     }
 
     /// A numbered message from `src`, its payload its number.
