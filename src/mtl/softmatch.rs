@@ -12,11 +12,13 @@
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
 //! - `FRAG`: one piece of an eager message larger than the provider's inject size,
-//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`): every piece
-//!   carries the envelope, the message's length, its offset and a message id. The
-//!   first piece to arrive matches a posted receive, and the pieces are written
-//!   straight into it; without one, the receiver assembles the message and queues it
-//!   as unexpected when the last piece arrives.
+//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`), or of any
+//!   message where longer transfers are unsafe (`pieces_only`, udp;ofi_rxd: there is
+//!   no RTS there): every piece carries the envelope, the message's length, its
+//!   offset and a message id. The first piece to arrive matches a posted receive, and
+//!   the pieces are written straight into it; without one, the receiver assembles
+//!   the message and queues it as unexpected when the last piece arrives (or, when
+//!   there is no memory for it, as lost: its receive fails).
 //!
 //! The receiver keeps `BOUNCE_COUNT` receive buffers posted (or, where the provider
 //! has `FI_MULTI_RECV`, `MULTI_COUNT` multi-receive buffers of the same memory, so
@@ -49,9 +51,10 @@ pub const HDR_LEN: usize = std::mem::size_of::<Hdr>();
 /// that messages above 16 KiB are read straight into the receive buffer.
 pub const BOUNCE_SMALL: usize = 16384;
 /// Bounce buffers where an RMA read is a protocol exchange of the provider's own
-/// (udp;ofi_rxd, net): up to 64 KiB of payload goes eagerly, one message instead of
-/// RTS, read request, read response and FIN (64 KiB over net: 11.9 us eager against
-/// 24.5 us read; over rxd 169 us against 198 us).
+/// (net; udp;ofi_rxd before it sent everything in pieces): up to 64 KiB of payload
+/// goes eagerly, one message instead of RTS, read request, read response and FIN
+/// (64 KiB over net: 11.9 us eager against 24.5 us read; over rxd 169 us against
+/// 198 us).
 pub const BOUNCE_LARGE: usize = 65536 + HDR_LEN;
 
 const EAGER: u32 = 1;
