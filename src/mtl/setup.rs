@@ -521,6 +521,7 @@ pub fn init_module(
         peers: Vec::new(),
     });
     let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
+    let soft_pieces_only = state.soft.as_ref().is_some_and(|s| s.pieces_only());
     let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
@@ -542,7 +543,7 @@ pub fn init_module(
         layout.max_tag(),
         inject_size,
         if soft {
-            if soft_eager_max == super::softmatch::PIECES_ONLY_MAX {
+            if soft_pieces_only {
                 format!("{soft_buffers}, every message in pieces of one packet")
             } else {
                 format!(

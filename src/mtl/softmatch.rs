@@ -241,6 +241,19 @@ pub struct Unexpected {
     pub lost: bool,
 }
 
+impl Unexpected {
+    /// What its receive gets.
+    fn delivery(self) -> Delivery {
+        if self.lost {
+            Delivery::Lost
+        } else if self.hdr.kind == EAGER {
+            Delivery::Eager(self.payload)
+        } else {
+            Delivery::Rts
+        }
+    }
+}
+
 /// An eager message whose pieces are arriving ([`FRAG`]).
 struct Partial {
     /// The first piece's header (every piece must agree with it).
@@ -570,6 +583,11 @@ impl SoftMatch {
                 self.copies_in_flight.load(Ordering::Relaxed) < self.send_window
             });
         }
+    }
+
+    /// Every message goes in pieces, none by rendezvous.
+    pub fn pieces_only(&self) -> bool {
+        self.pieces_only
     }
 
     /// The largest payload sent eagerly; larger messages are read by the receiver,
@@ -1403,25 +1421,10 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
             let whole = {
                 let mut lists = lock(&sm.lists);
                 match add_piece(&mut lists, &hdr, payload) {
-                    Ok(Whole::Owned(h, bytes)) => match lists.take_posted(h.bits) {
-                        Some(r) => Ok(Some((r, h, Delivery::Eager(bytes)))),
+                    Ok(Whole::Owned(u)) => match lists.take_posted(u.hdr.bits) {
+                        Some(r) => Ok(Some((r, u.hdr, u.delivery()))),
                         None => {
-                            lists.unexpected.push_back(Unexpected {
-                                hdr: h,
-                                payload: bytes,
-                                lost: false,
-                            });
-                            Ok(None)
-                        }
-                    },
-                    Ok(Whole::Lost(h)) => match lists.take_posted(h.bits) {
-                        Some(r) => Ok(Some((r, h, Delivery::Lost))),
-                        None => {
-                            lists.unexpected.push_back(Unexpected {
-                                hdr: h,
-                                payload: Vec::new(),
-                                lost: true,
-                            });
+                            lists.unexpected.push_back(u);
                             Ok(None)
                         }
                     },
@@ -1487,10 +1490,9 @@ enum Whole {
     Not,
     /// A message with a target, filled: deliver it.
     Filled(*mut Request, Hdr),
-    /// A message without one: match it now, or queue it.
-    Owned(Hdr, Vec<u8>),
-    /// A message without one that there was no memory for: its receive fails.
-    Lost(Hdr),
+    /// A message without one (or without memory for it: `lost`): match it now, or
+    /// queue it.
+    Owned(Unexpected),
 }
 
 /// Add piece `hdr`/`payload` to its message. `Err` when the piece disagrees with the
@@ -1567,8 +1569,11 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
     };
     Ok(match p.target {
         Some(r) => Whole::Filled(r, whole),
-        None if p.lost => Whole::Lost(whole),
-        None => Whole::Owned(whole, p.payload),
+        None => Whole::Owned(Unexpected {
+            hdr: whole,
+            payload: p.payload,
+            lost: p.lost,
+        }),
     })
 }
 
@@ -1600,14 +1605,8 @@ pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -
 
 /// Deliver an unexpected message to `r`.
 pub fn take(m: &Mtl, r: *mut Request, u: Unexpected) {
-    let what = if u.lost {
-        Delivery::Lost
-    } else if u.hdr.kind == EAGER {
-        Delivery::Eager(u.payload)
-    } else {
-        Delivery::Rts
-    };
-    deliver(m, r, u.hdr, what, None);
+    let hdr = u.hdr;
+    deliver(m, r, hdr, u.delivery(), None);
 }
 
 /// The first unexpected message matching (`bits`, `ignore`): its envelope and length.
@@ -1876,7 +1875,7 @@ mod tests {
             let (h, p) = &ps[*k];
             match add_piece(&mut l, h, p) {
                 Ok(Whole::Not) => {}
-                Ok(Whole::Owned(h, bytes)) => done.push((i, h, bytes)),
+                Ok(Whole::Owned(u)) => done.push((i, u.hdr, u.payload)),
                 _ => panic!("piece {i}"),
             }
         }
@@ -1927,7 +1926,7 @@ mod tests {
         part.payload = Vec::new();
         let (h, p) = hdr_of(&piece(6000, 4040, 4, 1960));
         match add_piece(&mut l, &h, &p) {
-            Ok(Whole::Lost(w)) => assert_eq!((w.kind, w.len), (EAGER, 6000)),
+            Ok(Whole::Owned(u)) if u.lost => assert_eq!((u.hdr.kind, u.hdr.len), (EAGER, 6000)),
             _ => panic!("not lost"),
         }
         assert!(l.partial.is_empty());
