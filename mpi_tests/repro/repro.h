@@ -34,6 +34,9 @@ static inline double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* The domain of the last repro_open (for memory registrations). */
+static struct fid_domain *repro_domain __attribute__((unused));
+
 /*
  * Open an RDM endpoint of provider `prov` with capabilities `caps` (and message order
  * `order` both ways when not 0), FI_CONTEXT mode and no memory-registration mode,
@@ -62,6 +65,7 @@ static inline struct fi_info *repro_open(const char *prov, uint64_t caps, uint64
     struct fi_av_attr aa = { .type = FI_AV_MAP };
     CK(fi_fabric(fi->fabric_attr, &fab, NULL));
     CK(fi_domain(fab, fi, &dom, NULL));
+    repro_domain = dom;
     CK(fi_endpoint(dom, fi, ep, NULL));
     CK(fi_cq_open(dom, &ca, cq, NULL));
     CK(fi_av_open(dom, &aa, av, NULL));

@@ -84,6 +84,11 @@ pub struct State {
     pub prov_key: bool,
     pub mr_access: u64,
     pub inject_size: usize,
+    /// Largest write posted as one (`rdma::btl_put` splits larger puts): one packet
+    /// where sends of more than one break the provider
+    /// (`common::quirks::Quirks::segments_unsafe`, whose writes take the same path),
+    /// else unbounded.
+    pub write_max: usize,
     /// Fragments past the inject size up to [`am::PIECE_LIMIT`] go as trains of
     /// injects of at most this many bytes, 0 for never (see `am::send_pieces`).
     pub piece_max: usize,
@@ -849,6 +854,17 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         );
         sup.btl_max_send_size = one_packet;
     }
+    let write_max = if one_sided && quirks.segments_unsafe && inject_size > rdma::WRITE_HEADROOM * 2
+    {
+        let w = inject_size - rdma::WRITE_HEADROOM;
+        log::info!(
+            "provider {provider}: writes of more than one packet break it under load \
+             (common::quirks): puts go as writes of at most {w} B"
+        );
+        w
+    } else {
+        usize::MAX
+    };
     sup.btl_eager_limit = sup.btl_eager_limit.clamp(1, sup.btl_max_send_size);
     sup.btl_rndv_eager_limit = sup.btl_rndv_eager_limit.min(sup.btl_eager_limit);
     let mut capable = sys::MCA_BTL_FLAGS_SEND_INPLACE;
@@ -1009,6 +1025,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             prov_key: mr_mode & fi::FI_MR_PROV_KEY != 0,
             mr_access: access,
             inject_size,
+            write_max,
             piece_max: if quirks.send_past_inject_slow {
                 inject_size.min(am::INLINE_MAX)
             } else {

@@ -8,6 +8,10 @@
 //! (a per-process counter). With `FI_MR_LOCAL` the local side passes the descriptor of
 //! the local handle, registering the local buffer on the fly when the caller has none.
 //!
+//! Where the provider mixes up writes of more than one packet (udp;ofi_rxd), a put
+//! goes as writes of one packet each ([`State::write_max`]), and completes with the
+//! last.
+//!
 //! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
 
 use super::am::{Ctx, Kind};
@@ -19,7 +23,7 @@ use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// What a peer needs to reach a registration (sent by value to peers).
 #[repr(C)]
@@ -90,7 +94,18 @@ pub struct RdmaOp {
     compare: u64,
     /// A local registration made for this operation (FI_MR_LOCAL without a handle).
     temp: *mut Registration,
+    /// Of one write of a put split in parts ([`State::write_max`]): the whole put,
+    /// which completes with its last part. Null otherwise.
+    whole: *mut RdmaOp,
+    /// Of a put split in parts: the parts not yet completed, and the first error.
+    parts: AtomicUsize,
+    part_err: AtomicI32,
 }
+
+/// What a write needs beyond its payload in the provider's packet where
+/// [`State::write_max`] splits puts: rxd's RMA header with room for four target
+/// ranges (its inline limit for writes is its packet less about 200 bytes).
+pub const WRITE_HEADROOM: usize = 256;
 
 /// Completion of an RDMA or atomic operation.
 ///
@@ -99,6 +114,21 @@ pub struct RdmaOp {
 pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
     // SAFETY: Ctx is RdmaOp's first field; the op came from Box::into_raw.
     let op = unsafe { Box::from_raw(ctx as *mut RdmaOp) };
+    if !op.whole.is_null() {
+        // SAFETY: a part's whole put lives until its last part completes.
+        let whole = unsafe { &*op.whole };
+        if err != 0 {
+            let _ = whole
+                .part_err
+                .compare_exchange(0, err, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        if whole.parts.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let err = whole.part_err.load(Ordering::Acquire);
+            // SAFETY: the last part: the whole put is complete, and ours to finish.
+            unsafe { rdma_complete(mp, op.whole as *mut c_void, err) };
+        }
+        return;
+    }
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     if !op.temp.is_null() {
@@ -300,6 +330,9 @@ fn run(
         operand,
         compare,
         temp,
+        whole: ptr::null_mut(),
+        parts: AtomicUsize::new(0),
+        part_err: AtomicI32::new(0),
     }));
     st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
     let mut res = post(st, op, desc, dest, raddr, rh.key);
@@ -373,31 +406,138 @@ pub(crate) extern "C" fn btl_put(
             cbcontext,
             cbdata,
         };
+        let mp = btl as *mut Module;
         run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
+            if size > st.write_max {
+                // SAFETY: as for one write, below.
+                return unsafe {
+                    put_in_parts(mp, op, local_address, size, desc, dest, raddr, key)
+                };
+            }
             // SAFETY: the local buffer and the remote region stay valid until the
             // completion (the BTL contract); op lives until then.
-            st.fi(|| unsafe {
-                if st.delivery {
-                    // A put completes when its data is at the target: osc rdma
-                    // releases the target's lock right after, possibly with a CPU
-                    // atomic on shared memory that nothing orders after the write.
-                    st.tx().write_flags(
-                        local_address,
-                        size,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        ctx_of(op),
-                        fi::FI_DELIVERY_COMPLETE as u64,
-                    )
-                } else {
-                    st.tx()
-                        .write(local_address, size, desc, dest, raddr, key, ctx_of(op))
-                }
-            })
+            st.fi(|| unsafe { write(st, local_address, size, desc, dest, raddr, key, op) })
         })
     })
+}
+
+/// Post one write of `len` bytes from `local` for `op`.
+///
+/// # Safety
+/// `local` holds `len` bytes and the remote range is registered, both until the
+/// completion; `op` lives until then.
+#[allow(clippy::too_many_arguments)]
+unsafe fn write(
+    st: &State,
+    local: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    dest: fi::fi_addr_t,
+    raddr: u64,
+    key: u64,
+    op: *mut RdmaOp,
+) -> Result<(), Error> {
+    // SAFETY: forwarded.
+    unsafe {
+        if st.delivery {
+            // A put completes when its data is at the target: osc rdma releases the
+            // target's lock right after, possibly with a CPU atomic on shared memory
+            // that nothing orders after the write.
+            st.tx().write_flags(
+                local,
+                len,
+                desc,
+                dest,
+                raddr,
+                key,
+                ctx_of(op),
+                fi::FI_DELIVERY_COMPLETE as u64,
+            )
+        } else {
+            st.tx()
+                .write(local, len, desc, dest, raddr, key, ctx_of(op))
+        }
+    }
+}
+
+/// Post the put of `op` as writes of at most [`State::write_max`] bytes each, every
+/// one with a context of its own; `op` completes with the last of them. Once one
+/// part is posted this no longer fails: it waits out flow control with progress, and
+/// a later part that cannot be posted completes the put with that error.
+///
+/// # Safety
+/// As for [`write`], for `size` bytes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn put_in_parts(
+    mp: *mut Module,
+    op: *mut RdmaOp,
+    local: *mut c_void,
+    size: usize,
+    desc: *mut c_void,
+    dest: fi::fi_addr_t,
+    raddr: u64,
+    key: u64,
+) -> Result<(), Error> {
+    // SAFETY: mp is our module.
+    let st = unsafe { &(*mp).st };
+    let step = st.write_max;
+    let n = size.div_ceil(step);
+    // SAFETY: op is ours and not posted; parts count down from n before any can
+    // complete.
+    unsafe { (*op).parts.store(n, Ordering::Release) };
+    for i in 0..n {
+        let off = i * step;
+        let len = step.min(size - off);
+        let part = Box::into_raw(Box::new(RdmaOp {
+            ctx: Ctx::new(Kind::Rdma),
+            endpoint: ptr::null_mut(),
+            local_address: ptr::null_mut(),
+            local_handle: ptr::null_mut(),
+            cbfunc: None,
+            cbcontext: ptr::null_mut(),
+            cbdata: ptr::null_mut(),
+            operand: 0,
+            compare: 0,
+            temp: ptr::null_mut(),
+            whole: op,
+            parts: AtomicUsize::new(0),
+            part_err: AtomicI32::new(0),
+        }));
+        // SAFETY: a part of the caller's range.
+        let local = unsafe { (local as *mut u8).add(off) } as *mut c_void;
+        let raddr = raddr.wrapping_add(off as u64);
+        let res = loop {
+            // SAFETY: the caller's contract, for this part.
+            let res = st.fi(|| unsafe { write(st, local, len, desc, dest, raddr, key, part) });
+            if res != Err(Error::AGAIN) || i == 0 {
+                break res;
+            }
+            progress_module(mp);
+        };
+        if let Err(e) = res {
+            // SAFETY: not posted: still ours.
+            drop(unsafe { Box::from_raw(part) });
+            if i == 0 {
+                // Nothing posted: the caller frees op (and retries on AGAIN).
+                return Err(e);
+            }
+            log::warn!("posting part {i} of {n} of a put on {}: {e}", st.provider);
+            // SAFETY: op lives until its last posted part completes; the parts not
+            // posted are taken off its count (which may make this the last).
+            unsafe {
+                let whole = &*op;
+                let _ =
+                    whole
+                        .part_err
+                        .compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Relaxed);
+                if whole.parts.fetch_sub(n - i, Ordering::AcqRel) == n - i {
+                    rdma_complete(mp, op as *mut c_void, e.0);
+                }
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 pub(crate) extern "C" fn btl_get(

@@ -87,12 +87,26 @@ pub struct Quirks {
     /// 64 KiB fragments) in 6 runs of 10 at 2 ranks, and in `p2p` (Bsend of 4 MiB) at
     /// 4 ranks; with fragments of one packet (`btl_ofi_max_send_size` 1200) 12 runs of
     /// 12 passed in about the same time. The BTL then keeps its fragments within the
-    /// inject size unless `btl_ofi_max_send_size` is set. Reads are hit too: in CI
-    /// at 8 ranks, an `fi_read` of 4 MiB (the MTL's rendezvous) completed with bytes
-    /// it never wrote (mpi_tests `p2p`, Send_init of 4 MiB, byte 1522080 still the
-    /// guard byte). The MTL then sends every message in pieces of one packet and
-    /// never has its receiver read one: `p2p` at 8 ranks passed 4 runs of 4, and two
-    /// full `scripts/test` runs.
+    /// inject size unless `btl_ofi_max_send_size` is set.
+    ///
+    /// The cause (`mpi_tests/repro/rxd_unexp_replay.c`, without MPI): rxd finds the
+    /// receive that a data packet of a long send belongs to through one field per peer,
+    /// set by the send's first packet. Posting a receive that matches an unexpected
+    /// message replays that message through the same code, which points the field at
+    /// the replayed receive and does not set it back: the rest of a long send that the
+    /// same peer has in flight goes to that receive, completed and freed by then. The
+    /// reproducer's receiver hangs inside `fi_cq_read` in 3 runs of 5. Reads are not
+    /// hit (their data packets name the request they belong to): the same reproducer
+    /// with an `fi_read` as the long transfer passed 12 runs of 12. Writes are (their
+    /// data packets take the same path as a send's).
+    ///
+    /// In CI at 8 ranks an `fi_read` of 4 MiB (the MTL's rendezvous) once completed
+    /// with a byte never written (mpi_tests `p2p`, Send_init of 4 MiB, byte 1522080
+    /// still the guard byte) while the MTL sent messages up to 64 KiB as one send each,
+    /// whose misdirected packets complete rxd's freed receives a second time. The MTL
+    /// now sends none longer than a packet: messages up to
+    /// `mtl::softmatch::PIECES_EAGER_MAX` go in pieces of one packet, larger ones are
+    /// read.
     pub segments_unsafe: bool,
 }
 

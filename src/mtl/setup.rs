@@ -446,12 +446,17 @@ pub fn init_module(
         // goes eagerly there. ofi_rxm completes a message past its eager size
         // (rendezvous) after the smaller ones sent behind it, and shm reads with one
         // process_vm_readv: 16 KiB.
-        // udp;ofi_rxd mixes up transfers of more than one packet (common::quirks::
-        // Quirks::segments_unsafe: a 4 MiB read completed with bytes never written,
-        // in CI at 8 ranks): there every message goes in pieces of one packet, and a
+        // udp;ofi_rxd mixes up sends of more than one packet (common::quirks::
+        // Quirks::segments_unsafe; its reads are safe): there messages up to
+        // PIECES_EAGER_MAX go in pieces of one packet, larger ones are read, and a
         // receive buffer holds one piece.
         let pieces_only =
             quirks.segments_unsafe && state.inject_size > 2 * super::softmatch::HDR_LEN;
+        let pieces_eager_max = if pieces_only {
+            super::softmatch::PIECES_EAGER_MAX
+        } else {
+            0
+        };
         let bounce = if pieces_only {
             state.inject_size.min(super::softmatch::PIECE_BUF)
         } else if quirks.unexpected_stalls {
@@ -507,7 +512,7 @@ pub fn init_module(
             } else {
                 0
             },
-            pieces_only,
+            pieces_eager_max,
         ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
@@ -521,7 +526,10 @@ pub fn init_module(
         peers: Vec::new(),
     });
     let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
-    let soft_pieces_only = state.soft.as_ref().is_some_and(|s| s.pieces_only());
+    let soft_pieces = state
+        .soft
+        .as_ref()
+        .is_some_and(|s| s.pieces_of_one_packet());
     let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
@@ -543,8 +551,11 @@ pub fn init_module(
         layout.max_tag(),
         inject_size,
         if soft {
-            if soft_pieces_only {
-                format!("{soft_buffers}, every message in pieces of one packet")
+            if soft_pieces {
+                format!(
+                    "{soft_buffers}, messages up to {soft_eager_max} bytes in pieces of one \
+                     packet, larger ones read from the sender"
+                )
             } else {
                 format!(
                     "{soft_buffers}, messages above {soft_eager_max} bytes read from the sender"

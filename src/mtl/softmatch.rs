@@ -12,10 +12,10 @@
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
 //! - `FRAG`: one piece of an eager message larger than the provider's inject size,
-//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`), or of any
-//!   message where longer transfers are unsafe (`pieces_only`, udp;ofi_rxd: there is
-//!   no RTS there): every piece carries the envelope, the message's length, its
-//!   offset and a message id. The first piece to arrive matches a posted receive, and
+//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`) or unsafe
+//!   (`pieces_eager_max`, udp;ofi_rxd, where eager means up to [`PIECES_EAGER_MAX`]):
+//!   every piece carries the envelope, the message's length, its offset and a
+//!   message id. The first piece to arrive matches a posted receive, and
 //!   the pieces are written straight into it; without one, the receiver assembles
 //!   the message and queues it as unexpected when the last piece arrives (or, when
 //!   there is no memory for it, as lost: its receive fails).
@@ -51,10 +51,9 @@ pub const HDR_LEN: usize = std::mem::size_of::<Hdr>();
 /// that messages above 16 KiB are read straight into the receive buffer.
 pub const BOUNCE_SMALL: usize = 16384;
 /// Bounce buffers where an RMA read is a protocol exchange of the provider's own
-/// (net; udp;ofi_rxd before it sent everything in pieces): up to 64 KiB of payload
-/// goes eagerly, one message instead of RTS, read request, read response and FIN
-/// (64 KiB over net: 11.9 us eager against 24.5 us read; over rxd 169 us against
-/// 198 us).
+/// (net): up to 64 KiB of payload goes eagerly, one message instead of RTS, read
+/// request, read response and FIN (64 KiB over net: 11.9 us eager against 24.5 us
+/// read).
 pub const BOUNCE_LARGE: usize = 65536 + HDR_LEN;
 
 const EAGER: u32 = 1;
@@ -334,16 +333,21 @@ pub struct SoftMatch {
     /// completion each (never inject), and a send waits while this many are in
     /// flight. 0: no limit.
     send_window: usize,
-    /// Every message longer than a piece goes in pieces, whatever its size, and none
-    /// is read by its receiver (`common::quirks::Quirks::segments_unsafe`: the
-    /// provider mixes up transfers of more than one packet, reads included).
-    pieces_only: bool,
+    /// Where a send longer than one packet is unsafe
+    /// (`common::quirks::Quirks::segments_unsafe`): every eager message longer than a
+    /// piece goes in pieces, and this is the largest eager message (larger ones are
+    /// read by their receiver, which is safe there). 0: not so; the largest eager
+    /// message is what a bounce buffer holds.
+    pieces_eager_max: usize,
 }
 
-/// The largest message where every message goes in pieces (`pieces_only`): what a
-/// receiver may be asked to hold (unexpected messages are assembled in memory; a
-/// failed allocation drops the message with an error).
-pub const PIECES_ONLY_MAX: usize = isize::MAX as usize;
+/// The largest eager message where sends longer than one packet are unsafe
+/// (`pieces_eager_max`, udp;ofi_rxd): larger ones are read by their receiver. Over rxd
+/// a piece of one packet costs about 2.8 us one way (each is acknowledged on its own)
+/// and a read about 17 us plus 1.5 us per packet (RTS, read request, data, FIN): at
+/// 8 KiB both took 23.5 us; at 16 KiB pieces 42 us against 33 us read, at 64 KiB 162
+/// against 99, and a 1 MiB stream 395 MB/s against 700 (the C MTL's 690 to 720).
+pub const PIECES_EAGER_MAX: usize = 8192;
 
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
 /// messages out of the order they were sent, though it promises `FI_ORDER_SAS`
@@ -497,9 +501,10 @@ impl SoftMatch {
     /// free space set to `bounce_size`); `ordered`: number each peer's messages and
     /// restore their order on arrival ([`Order`]), for a provider that may break it;
     /// `send_window`: at most this many small sends in flight, none injected (0: no
-    /// limit), for a provider that many messages in flight break; `pieces_only`: send
-    /// every message larger than `piece_max` in pieces, none by rendezvous, for a
-    /// provider that mixes up messages of more than one packet.
+    /// limit), for a provider that many messages in flight break; `pieces_eager_max`:
+    /// for a provider that mixes up sends of more than one packet, send every eager
+    /// message larger than `piece_max` in pieces, eager messages being those up to
+    /// this size whatever the bounce buffers hold (0: not so).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         domain: Arc<Domain>,
@@ -509,7 +514,7 @@ impl SoftMatch {
         multi: bool,
         ordered: bool,
         send_window: usize,
-        pieces_only: bool,
+        pieces_eager_max: usize,
     ) -> SoftMatch {
         let piece_max = if piece_max > HDR_LEN {
             piece_max.min(PIECE_BUF)
@@ -539,7 +544,7 @@ impl SoftMatch {
             multi,
             order: ordered.then(|| Order::new(process_id())),
             send_window,
-            pieces_only: pieces_only && piece_max > 0,
+            pieces_eager_max: if piece_max > 0 { pieces_eager_max } else { 0 },
         }
     }
 
@@ -585,16 +590,16 @@ impl SoftMatch {
         }
     }
 
-    /// Every message goes in pieces, none by rendezvous.
-    pub fn pieces_only(&self) -> bool {
-        self.pieces_only
+    /// Eager messages longer than a piece go in pieces of one packet, whatever the
+    /// provider's other limits (`pieces_eager_max`).
+    pub fn pieces_of_one_packet(&self) -> bool {
+        self.pieces_eager_max > 0
     }
 
-    /// The largest payload sent eagerly; larger messages are read by the receiver,
-    /// except where every message goes in pieces (`pieces_only`).
+    /// The largest payload sent eagerly; larger messages are read by the receiver.
     pub fn eager_max(&self) -> usize {
-        if self.pieces_only {
-            PIECES_ONLY_MAX
+        if self.pieces_eager_max > 0 {
+            self.pieces_eager_max
         } else {
             self.bounce_size - HDR_LEN
         }
@@ -1908,7 +1913,7 @@ mod tests {
         // No allocation of this size can succeed: the message is counted, not held.
         let huge = (isize::MAX as u64) - 1;
         let of = |bytes: &[u8]| {
-            let (h, p) = Hdr::decode(bytes, PIECES_ONLY_MAX).unwrap();
+            let (h, p) = Hdr::decode(bytes, isize::MAX as usize).unwrap();
             (h, p.to_vec())
         };
         let (h, p) = of(&piece(huge, 0, 9, 4040));
