@@ -582,7 +582,11 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
 /// receive buffers, which stays ours (not reposted) until this returns.
 unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
     // SAFETY: mp is live.
-    if unsafe { &(*mp).st }.amo && (tag == super::amo::TAG_REQ || tag == super::amo::TAG_REP) {
+    let st = unsafe { &(*mp).st };
+    if (st.amo && tag == super::amo::TAG_REQ)
+        || ((st.amo || st.put_by_read) && tag == super::amo::TAG_REP)
+        || (st.put_by_read && tag == super::amo::TAG_PUT)
+    {
         // SAFETY: the payload holds len received bytes until the buffer is reposted.
         unsafe { super::amo::on_message(mp, tag, payload, len) };
         return;

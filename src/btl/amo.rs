@@ -16,13 +16,23 @@
 //! each): 56 bytes. Reply: id u64, old value u64, status i32, 4 bytes padding: 24 bytes.
 //! Both are decoded by functions that reject anything out of range.
 //!
-//! What it owns: the table of operations waiting for a reply and the table of
-//! registered ranges a peer may target. What it must not touch: provider atomics
-//! (`rdma.rs`).
+//! Puts done by the target's read, where writes longer than one packet break the
+//! provider (udp;ofi_rxd: `common::quirks::Quirks::segments_unsafe`, whose reads are
+//! safe): the initiator registers its buffer and sends a put request (target address,
+//! key and length, and its own buffer's address and key); the target checks the range
+//! as for an atomic, reads the data with `fi_read` straight into it, and answers with a
+//! reply once the read completed, so that the put completes with its data in place.
+//! Put request (after the header): origin jobid u32, origin vpid u32, then id,
+//! address, key, length, source address, source key (u64 each): 56 bytes. A read the
+//! provider pushes back on waits for the next progress call.
+//!
+//! What it owns: the table of operations waiting for a reply, the table of
+//! registered ranges a peer may target, and the reads of put requests not yet posted.
+//! What it must not touch: provider atomics (`rdma.rs`).
 
 use super::am;
 use super::module::{lock, Module};
-use super::rdma::Handle;
+use super::rdma::{Handle, Registration};
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
 use std::collections::HashMap;
@@ -36,8 +46,13 @@ use std::sync::Mutex;
 pub const TAG_REQ: u8 = sys::MCA_BTL_TAG_BTL as u8 + 0x10;
 pub const TAG_REP: u8 = sys::MCA_BTL_TAG_BTL as u8 + 0x11;
 
+/// Active-message tag of a put request (`MCA_BTL_TAG_BTL` + 0x12); its reply is a
+/// [`Reply`] under [`TAG_REP`].
+pub const TAG_PUT: u8 = sys::MCA_BTL_TAG_BTL as u8 + 0x12;
+
 pub const REQ_LEN: usize = 56;
 pub const REP_LEN: usize = 24;
+pub const PUT_LEN: usize = 56;
 
 /// What the emulation supports: every BTL operation on 64- and 32-bit integers, and
 /// compare-and-swap.
@@ -135,6 +150,56 @@ pub struct Reply {
     pub id: u64,
     pub old: u64,
     pub status: i32,
+}
+
+/// A decoded put request: read `len` bytes at `src` (key `src_key`) of the origin
+/// into `[addr, addr + len)`, registered under `key` here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PutRequest {
+    pub origin: (u32, u32),
+    pub id: u64,
+    pub addr: u64,
+    pub key: u64,
+    pub len: u64,
+    pub src: u64,
+    pub src_key: u64,
+}
+
+impl PutRequest {
+    pub fn encode(&self) -> [u8; PUT_LEN] {
+        let mut b = [0u8; PUT_LEN];
+        b[0..4].copy_from_slice(&self.origin.0.to_le_bytes());
+        b[4..8].copy_from_slice(&self.origin.1.to_le_bytes());
+        for (i, v) in [
+            self.id,
+            self.addr,
+            self.key,
+            self.len,
+            self.src,
+            self.src_key,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<PutRequest, DecodeError> {
+        if b.len() != PUT_LEN {
+            return Err(DecodeError::Length(b.len()));
+        }
+        Ok(PutRequest {
+            origin: (u32_at(b, 0), u32_at(b, 4)),
+            id: u64_at(b, 8),
+            addr: u64_at(b, 16),
+            key: u64_at(b, 24),
+            len: u64_at(b, 32),
+            src: u64_at(b, 40),
+            src_key: u64_at(b, 48),
+        })
+    }
 }
 
 /// Why a message was rejected.
@@ -312,6 +377,9 @@ struct Pending {
     cbdata: *mut c_void,
     /// Bytes of result to write at `local_address` (0: not fetching).
     result_width: usize,
+    /// A put's registration of its source buffer (null for an atomic), given back at
+    /// the reply.
+    reg: *mut Registration,
 }
 
 // SAFETY: the pointers are Open MPI's, handed to us for the duration of the operation;
@@ -322,6 +390,10 @@ unsafe impl Send for Pending {}
 type Ranges = HashMap<(usize, u64), Vec<(usize, usize)>>;
 
 static PENDING: Mutex<Option<HashMap<u64, Pending>>> = Mutex::new(None);
+/// Put requests whose read the provider pushed back on: (module, origin endpoint,
+/// request), retried by [`retry_reads`].
+static DEFERRED: Mutex<Vec<(usize, usize, PutRequest)>> = Mutex::new(Vec::new());
+static HAS_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static REGIONS: Mutex<Option<Ranges>> = Mutex::new(None);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -362,6 +434,20 @@ fn target_ok(mp: *mut Module, key: u64, addr: u64, width: usize) -> bool {
         .any(|&(b, l)| a >= b && a.checked_add(w).is_some_and(|e| e <= b + l))
 }
 
+/// Whether `[addr, addr + len)` lies in one range registered under `key`.
+fn range_ok(mp: *mut Module, key: u64, addr: u64, len: u64) -> bool {
+    let g = lock(&REGIONS);
+    let Some(v) = g.as_ref().and_then(|m| m.get(&(mp as usize, key))) else {
+        return false;
+    };
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    addr != 0
+        && v.iter()
+            .any(|&(b, l)| addr >= b as u64 && end <= (b as u64).saturating_add(l as u64))
+}
+
 /// Drop every record of module `mp` (finalize).
 pub fn forget_module(mp: *mut Module) {
     if let Some(m) = lock(&REGIONS).as_mut() {
@@ -370,6 +456,7 @@ pub fn forget_module(mp: *mut Module) {
     if let Some(p) = lock(&PENDING).as_mut() {
         p.retain(|_, op| op.mp != mp);
     }
+    lock(&DEFERRED).retain(|&(m, _, _)| m != mp as usize);
 }
 
 /// This process's name, which the target answers to.
@@ -457,6 +544,7 @@ fn start(
             cbcontext,
             cbdata,
             result_width: if fetching { width } else { 0 },
+            reg: ptr::null_mut(),
         },
     );
     // SAFETY: mp is live.
@@ -488,6 +576,10 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
     let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
+    if tag == TAG_PUT {
+        on_put(mp, bytes);
+        return;
+    }
     if tag == TAG_REQ {
         let req = match Request::decode(bytes) {
             Ok(r) => r,
@@ -500,12 +592,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
             }
         };
         // The origin, to answer to.
-        let ep = lock(&st.peers).iter().copied().find(|&pe| {
-            // SAFETY: listed peers are live until del_procs.
-            let n = unsafe { (*(*pe).proc_).proc_name };
-            (n.jobid, n.vpid) == req.origin
-        });
-        let Some(ep) = ep else {
+        let Some(ep) = origin_ep(mp, req.origin) else {
             log::warn!(
                 "dropping an atomic request from an unknown process ({}, {}) on {}",
                 req.origin.0,
@@ -568,6 +655,10 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
         if p.mp != mp {
             log::warn!("an atomic reply arrived on another module than its request");
         }
+        if !p.reg.is_null() {
+            // SAFETY: the put's registration; its read is over (the reply says so).
+            unsafe { super::rdma::deregister(&(*p.mp).st, p.reg) };
+        }
         if rep.status == sys::OPAL_SUCCESS && p.result_width > 0 {
             // SAFETY: the caller's result buffer holds result_width bytes until we
             // call back (little-endian: the first bytes are the 32-bit value).
@@ -600,6 +691,209 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
         }
         st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// The endpoint of process `origin` on module `mp`.
+fn origin_ep(mp: *mut Module, origin: (u32, u32)) -> Option<*mut super::module::PeerEp> {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    lock(&st.peers).iter().copied().find(|&pe| {
+        // SAFETY: listed peers are live until del_procs.
+        let n = unsafe { (*(*pe).proc_).proc_name };
+        (n.jobid, n.vpid) == origin
+    })
+}
+
+/// Post a put of `size` bytes as a request that the target read them (see the
+/// module documentation); the arguments are `btl_put`'s.
+///
+/// # Safety
+/// `mp` is the live module; the rest as for `btl_put` (the local buffer stays valid
+/// until the completion callback).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn put_by_read(
+    mp: *mut Module,
+    endpoint: *mut sys::mca_btl_base_endpoint_t,
+    local_address: *mut c_void,
+    local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    remote_address: u64,
+    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    size: usize,
+    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    cbcontext: *mut c_void,
+    cbdata: *mut c_void,
+) -> c_int {
+    if endpoint.is_null() || remote_handle.is_null() || local_address.is_null() {
+        return sys::OPAL_ERR_BAD_PARAM;
+    }
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    // SAFETY: the remote handle holds a Handle copied from the peer's registration.
+    let key = unsafe { ptr::read_unaligned(remote_handle as *const Handle) }.key;
+    let Some(reg) = super::rdma::register(st, local_address, size) else {
+        return sys::OPAL_ERR_OUT_OF_RESOURCE;
+    };
+    // SAFETY: reg is the live registration just made.
+    let h = unsafe { (*reg).handle };
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let req = PutRequest {
+        origin: my_name(),
+        id,
+        addr: remote_address,
+        key,
+        len: size as u64,
+        src: (local_address as u64).wrapping_sub(h.base),
+        src_key: h.key,
+    };
+    lock(&PENDING).get_or_insert_with(HashMap::new).insert(
+        id,
+        Pending {
+            mp,
+            endpoint,
+            local_address,
+            local_handle,
+            cbfunc,
+            cbcontext,
+            cbdata,
+            result_width: 0,
+            reg,
+        },
+    );
+    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let rc = send(mp, endpoint, TAG_PUT, &req.encode());
+    if rc != sys::OPAL_SUCCESS {
+        st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+        if let Some(p) = lock(&PENDING).as_mut() {
+            p.remove(&id);
+        }
+        // SAFETY: made above; nothing reads it (the request was not sent).
+        unsafe { super::rdma::deregister(st, reg) };
+        return rc;
+    }
+    st.ops[0].fetch_add(1, Ordering::Relaxed);
+    sys::OPAL_SUCCESS
+}
+
+/// What the read of a put request completes with.
+struct PutRead {
+    ep: *mut super::module::PeerEp,
+    id: u64,
+}
+
+/// A put request arrived: check it, read its data (or defer the read), or answer
+/// with an error.
+fn on_put(mp: *mut Module, bytes: &[u8]) {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    let req = match PutRequest::decode(bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            log::warn!("dropping a malformed put request on {}: {e}", st.provider);
+            return;
+        }
+    };
+    let Some(ep) = origin_ep(mp, req.origin) else {
+        log::warn!(
+            "dropping a put request from an unknown process ({}, {}) on {}",
+            req.origin.0,
+            req.origin.1,
+            st.provider
+        );
+        return;
+    };
+    if !range_ok(mp, req.key, req.addr, req.len) {
+        log::warn!(
+            "refusing a put to {:#x} (key {:#x}, {} bytes) from process {}: not in a registered region",
+            req.addr,
+            req.key,
+            req.len,
+            req.origin.1
+        );
+        answer(mp, ep, req.id, sys::OPAL_ERR_BAD_PARAM);
+        return;
+    }
+    read_for(mp, ep, req);
+}
+
+/// Post the read of put request `req` from `ep`; defer it when the provider pushes
+/// back, answer with the error when it fails.
+fn read_for(mp: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
+    let ctx = Box::into_raw(Box::new(PutRead { ep, id: req.id }));
+    let handle = Handle {
+        key: req.src_key,
+        base: 0,
+    };
+    let rc = super::rdma::btl_get(
+        mp as *mut sys::mca_btl_base_module_t,
+        ep as *mut sys::mca_btl_base_endpoint_t,
+        req.addr as *mut c_void,
+        req.src,
+        ptr::null_mut(),
+        &handle as *const Handle as *mut sys::mca_btl_base_registration_handle_t,
+        req.len as usize,
+        0,
+        0,
+        Some(put_read_done),
+        ctx as *mut c_void,
+        ptr::null_mut(),
+    );
+    if rc == sys::OPAL_SUCCESS {
+        return;
+    }
+    // SAFETY: not posted: still ours.
+    drop(unsafe { Box::from_raw(ctx) });
+    if rc == sys::OPAL_ERR_OUT_OF_RESOURCE {
+        lock(&DEFERRED).push((mp as usize, ep as usize, req));
+        HAS_DEFERRED.store(true, Ordering::Release);
+    } else {
+        answer(mp, ep, req.id, rc);
+    }
+}
+
+/// Post the reads deferred on module `mp` (from its progress).
+pub fn retry_reads(mp: *mut Module) {
+    if !HAS_DEFERRED.load(Ordering::Acquire) {
+        return;
+    }
+    let mine: Vec<(usize, usize, PutRequest)> = {
+        let mut d = lock(&DEFERRED);
+        let (mine, rest) = d.drain(..).partition(|&(m, _, _)| m == mp as usize);
+        *d = rest;
+        HAS_DEFERRED.store(!d.is_empty(), Ordering::Release);
+        mine
+    };
+    for (_, ep, req) in mine {
+        read_for(mp, ep as *mut super::module::PeerEp, req);
+    }
+}
+
+/// Answer put request `id` of `ep` with `status`.
+fn answer(mp: *mut Module, ep: *mut super::module::PeerEp, id: u64, status: c_int) {
+    let rep = Reply { id, old: 0, status };
+    let rc = send(mp, ep as *mut _, TAG_REP, &rep.encode());
+    if rc != sys::OPAL_SUCCESS {
+        // SAFETY: mp is live.
+        let st = unsafe { &(*mp).st };
+        log::error!(
+            "cannot answer a put request on {} ({rc}): the initiator will wait",
+            st.provider
+        );
+    }
+}
+
+/// The read of a put request completed: answer the origin.
+unsafe extern "C" fn put_read_done(
+    module: *mut sys::mca_btl_base_module_t,
+    _endpoint: *mut sys::mca_btl_base_endpoint_t,
+    _local_address: *mut c_void,
+    _local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    context: *mut c_void,
+    _cbdata: *mut c_void,
+    status: c_int,
+) {
+    // SAFETY: the PutRead boxed by read_for, handed back once.
+    let r = unsafe { Box::from_raw(context as *mut PutRead) };
+    answer(module as *mut Module, r.ep, r.id, status);
 }
 
 pub(crate) extern "C" fn btl_atomic_op(
@@ -756,6 +1050,24 @@ mod tests {
         o[2..4].copy_from_slice(&0x7777u16.to_le_bytes());
         assert_eq!(Request::decode(&o), Err(DecodeError::Op(0x7777)));
         assert_eq!(Reply::decode(&[0; 23]), Err(DecodeError::Length(23)));
+    }
+
+    #[test]
+    fn put_requests_round_trip_and_short_ones_are_rejected() {
+        let p = PutRequest {
+            origin: (7, 3),
+            id: 5,
+            addr: 0x7fff_0000_1000,
+            key: 9,
+            len: 1 << 20,
+            src: 0x1234,
+            src_key: 11,
+        };
+        assert_eq!(PutRequest::decode(&p.encode()), Ok(p));
+        assert_eq!(
+            PutRequest::decode(&p.encode()[..PUT_LEN - 1]),
+            Err(DecodeError::Length(PUT_LEN - 1))
+        );
     }
 
     #[test]

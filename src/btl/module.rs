@@ -89,6 +89,9 @@ pub struct State {
     /// (`common::quirks::Quirks::segments_unsafe`, whose writes take the same path),
     /// else unbounded.
     pub write_max: usize,
+    /// Puts longer than `write_max` are done by the target's read (`amo::put_by_read`;
+    /// needs active messages, `btl_ofi_mode` 2).
+    pub put_by_read: bool,
     /// Fragments past the inject size up to [`am::PIECE_LIMIT`] go as trains of
     /// injects of at most this many bytes, 0 for never (see `am::send_pieces`).
     pub piece_max: usize,
@@ -859,7 +862,8 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         let w = inject_size - rdma::WRITE_HEADROOM;
         log::info!(
             "provider {provider}: writes of more than one packet break it under load \
-             (common::quirks): puts go as writes of at most {w} B"
+             (common::quirks): puts longer than {w} B are read by the target (btl_ofi_mode \
+             2) or go as writes of at most {w} B"
         );
         w
     } else {
@@ -1026,6 +1030,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             mr_access: access,
             inject_size,
             write_max,
+            put_by_read: write_max < usize::MAX && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
             piece_max: if quirks.send_past_inject_slow {
                 inject_size.min(am::INLINE_MAX)
             } else {
@@ -1140,6 +1145,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     if st.has_pending.load(Ordering::Relaxed) {
         am::drain_pending(mp);
     }
+    amo::retry_reads(mp);
     if st.ctxs.len() == 1 {
         total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
     } else {

@@ -9,8 +9,9 @@
 //! the local handle, registering the local buffer on the fly when the caller has none.
 //!
 //! Where the provider mixes up writes of more than one packet (udp;ofi_rxd), a put
-//! goes as writes of one packet each ([`State::write_max`]), and completes with the
-//! last.
+//! longer than one is done by the target's read (`amo::put_by_read`) where active
+//! messages are on, else as writes of one packet each ([`State::write_max`]),
+//! completing with the last.
 //!
 //! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
 
@@ -102,6 +103,11 @@ pub struct RdmaOp {
     part_err: AtomicI32,
 }
 
+/// Puts up to this size go as writes of one packet even where `amo::put_by_read`
+/// is on: over udp;ofi_rxd 4 KiB took 17 us as four writes against 22 us read by the
+/// target, 64 KiB 208 us against 110 us.
+pub const PUT_BY_READ_MIN: usize = 4096;
+
 /// What a write needs beyond its payload in the provider's packet where
 /// [`State::write_max`] splits puts: rxd's RMA header with room for four target
 /// ranges (its inline limit for writes is its packet less about 200 bytes).
@@ -158,7 +164,7 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
 }
 
 /// Register (or find in the cache) `[base, base + len)`.
-fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
+pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
     let mut cache = lock(&st.rcache);
     let virt = st.virt_addr;
     let res = cache.acquire(base as usize, len, st.mr_access, |b, l| {
@@ -204,7 +210,7 @@ fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registrati
 ///
 /// # Safety
 /// `r` came from [`register`] and is no longer used by any operation.
-unsafe fn deregister(st: &State, r: *mut Registration) {
+pub(super) unsafe fn deregister(st: &State, r: *mut Registration) {
     // SAFETY: caller's contract.
     let reg = unsafe { Box::from_raw(r) };
     if let Ticket::Cached(i) = reg.ticket {
@@ -225,7 +231,7 @@ pub(crate) extern "C" fn btl_register_mem(
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
         let r = register(st, base, size).map_or(ptr::null_mut(), |r| {
-            if st.amo {
+            if st.amo || st.put_by_read {
                 // SAFETY: r is the live registration just made.
                 let key = unsafe { (*r).handle.key };
                 super::amo::note_region(btl as *mut Module, key, base as usize, size);
@@ -246,7 +252,7 @@ pub(crate) extern "C" fn btl_deregister_mem(
             // SAFETY: btl is our module; h came from our register_mem.
             let st = unsafe { &(*(btl as *mut Module)).st };
             let r = h as *mut Registration;
-            if st.amo {
+            if st.amo || st.put_by_read {
                 // SAFETY: r is live until deregister below.
                 let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
                 super::amo::forget_region(btl as *mut Module, key, base, len);
@@ -407,6 +413,25 @@ pub(crate) extern "C" fn btl_put(
             cbdata,
         };
         let mp = btl as *mut Module;
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*mp).st };
+        if size > st.write_max.max(PUT_BY_READ_MIN) && st.put_by_read {
+            // SAFETY: mp is our module; the rest is the caller's put.
+            return unsafe {
+                super::amo::put_by_read(
+                    mp,
+                    endpoint,
+                    local_address,
+                    local_handle,
+                    remote_address,
+                    remote_handle,
+                    size,
+                    cbfunc,
+                    cbcontext,
+                    cbdata,
+                )
+            };
+        }
         run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
             if size > st.write_max {
                 // SAFETY: as for one write, below.

@@ -97,8 +97,10 @@ pub struct Quirks {
     /// same peer has in flight goes to that receive, completed and freed by then. The
     /// reproducer's receiver hangs inside `fi_cq_read` in 3 runs of 5. Reads are not
     /// hit (their data packets name the request they belong to): the same reproducer
-    /// with an `fi_read` as the long transfer passed 12 runs of 12. Writes are (their
-    /// data packets take the same path as a send's).
+    /// with an `fi_read` as the long transfer passed 12 runs of 12. Writes are hit
+    /// (their data packets take a send's path): with an `fi_write` it hung in 3 runs
+    /// of 3. The BTL therefore does a put longer than a packet by the target's read
+    /// (`btl::amo::put_by_read`), or, without active messages, as writes of one packet.
     ///
     /// In CI at 8 ranks an `fi_read` of 4 MiB (the MTL's rendezvous) once completed
     /// with a byte never written (mpi_tests `p2p`, Send_init of 4 MiB, byte 1522080
