@@ -170,19 +170,18 @@ impl PutRequest {
         let mut b = [0u8; PUT_LEN];
         b[0..4].copy_from_slice(&self.origin.0.to_le_bytes());
         b[4..8].copy_from_slice(&self.origin.1.to_le_bytes());
-        for (i, v) in [
-            self.id,
-            self.addr,
-            self.key,
-            self.len,
-            self.src,
-            self.src_key,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
-        }
+        put_u64s(
+            &mut b,
+            8,
+            &[
+                self.id,
+                self.addr,
+                self.key,
+                self.len,
+                self.src,
+                self.src_key,
+            ],
+        );
         b
     }
 
@@ -222,6 +221,13 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
+/// Write `vals` little-endian from byte `at` of `b` on.
+fn put_u64s(b: &mut [u8], at: usize, vals: &[u64]) {
+    for (i, v) in vals.iter().enumerate() {
+        b[at + 8 * i..at + 8 * i + 8].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
@@ -247,12 +253,11 @@ impl Request {
         b[2..4].copy_from_slice(&(op_code(op) as u16).to_le_bytes());
         b[4..8].copy_from_slice(&self.origin.0.to_le_bytes());
         b[8..12].copy_from_slice(&self.origin.1.to_le_bytes());
-        for (i, v) in [self.id, self.addr, self.key, self.operand, self.compare]
-            .into_iter()
-            .enumerate()
-        {
-            b[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_le_bytes());
-        }
+        put_u64s(
+            &mut b,
+            16,
+            &[self.id, self.addr, self.key, self.operand, self.compare],
+        );
         b
     }
 
@@ -705,24 +710,23 @@ fn origin_ep(mp: *mut Module, origin: (u32, u32)) -> Option<*mut super::module::
 }
 
 /// Post a put of `size` bytes as a request that the target read them (see the
-/// module documentation); the arguments are `btl_put`'s.
+/// module documentation); `r` holds `btl_put`'s arguments.
 ///
 /// # Safety
-/// `mp` is the live module; the rest as for `btl_put` (the local buffer stays valid
+/// `r.mp` is the live module; the rest as for `btl_put` (the local buffer stays valid
 /// until the completion callback).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn put_by_read(
-    mp: *mut Module,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    remote_address: u64,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    size: usize,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
-) -> c_int {
+pub(super) unsafe fn put_by_read(r: super::rdma::Req, size: usize) -> c_int {
+    let super::rdma::Req {
+        mp,
+        endpoint,
+        local_address,
+        local_handle,
+        remote_address,
+        remote_handle,
+        cbfunc,
+        cbcontext,
+        cbdata,
+    } = r;
     if endpoint.is_null() || remote_handle.is_null() || local_address.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }

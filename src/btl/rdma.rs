@@ -275,16 +275,16 @@ fn publish_stats(st: &State) {
 }
 
 /// Everything an RDMA entry point receives, bundled.
-struct Req {
-    mp: *mut Module,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    remote_address: u64,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
+pub(super) struct Req {
+    pub mp: *mut Module,
+    pub endpoint: *mut sys::mca_btl_base_endpoint_t,
+    pub local_address: *mut c_void,
+    pub local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    pub remote_address: u64,
+    pub remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    pub cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
+    pub cbcontext: *mut c_void,
+    pub cbdata: *mut c_void,
 }
 
 /// Prepare an operation context, post it with `post(op, desc, dest, raddr, key)`,
@@ -417,20 +417,7 @@ pub(crate) extern "C" fn btl_put(
         let st = unsafe { &(*mp).st };
         if size > st.write_max.max(PUT_BY_READ_MIN) && st.put_by_read {
             // SAFETY: mp is our module; the rest is the caller's put.
-            return unsafe {
-                super::amo::put_by_read(
-                    mp,
-                    endpoint,
-                    local_address,
-                    local_handle,
-                    remote_address,
-                    remote_handle,
-                    size,
-                    cbfunc,
-                    cbcontext,
-                    cbdata,
-                )
-            };
+            return unsafe { super::amo::put_by_read(r, size) };
         }
         run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
             if size > st.write_max {
@@ -441,19 +428,39 @@ pub(crate) extern "C" fn btl_put(
             }
             // SAFETY: the local buffer and the remote region stay valid until the
             // completion (the BTL contract); op lives until then.
-            st.fi(|| unsafe { write(st, local_address, size, desc, dest, raddr, key, op) })
+            st.fi(|| unsafe {
+                rma(
+                    st,
+                    Dir::Write,
+                    local_address,
+                    size,
+                    desc,
+                    dest,
+                    raddr,
+                    key,
+                    op,
+                )
+            })
         })
     })
 }
 
-/// Post one write of `len` bytes from `local` for `op`.
+/// Which way an RMA operation moves data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Write,
+    Read,
+}
+
+/// Post one write of `len` bytes from `local`, or read into it, for `op`.
 ///
 /// # Safety
 /// `local` holds `len` bytes and the remote range is registered, both until the
 /// completion; `op` lives until then.
 #[allow(clippy::too_many_arguments)]
-unsafe fn write(
+unsafe fn rma(
     st: &State,
+    dir: Dir,
     local: *mut c_void,
     len: usize,
     desc: *mut c_void,
@@ -462,25 +469,24 @@ unsafe fn write(
     key: u64,
     op: *mut RdmaOp,
 ) -> Result<(), Error> {
+    // A put completes when its data is at the target: osc rdma releases the target's
+    // lock right after, possibly with a CPU atomic on shared memory that nothing
+    // orders after the write. Gets have the same completion semantics; on shm this
+    // also selects the single-copy path for large reads (ob1's rendezvous gets): 1 MiB
+    // in 40 us against 94 us without it.
+    let flags = if st.delivery {
+        fi::FI_DELIVERY_COMPLETE as u64
+    } else {
+        0
+    };
+    let tx = st.tx();
     // SAFETY: forwarded.
     unsafe {
-        if st.delivery {
-            // A put completes when its data is at the target: osc rdma releases the
-            // target's lock right after, possibly with a CPU atomic on shared memory
-            // that nothing orders after the write.
-            st.tx().write_flags(
-                local,
-                len,
-                desc,
-                dest,
-                raddr,
-                key,
-                ctx_of(op),
-                fi::FI_DELIVERY_COMPLETE as u64,
-            )
-        } else {
-            st.tx()
-                .write(local, len, desc, dest, raddr, key, ctx_of(op))
+        match (dir, flags) {
+            (Dir::Write, 0) => tx.write(local, len, desc, dest, raddr, key, ctx_of(op)),
+            (Dir::Write, f) => tx.write_flags(local, len, desc, dest, raddr, key, ctx_of(op), f),
+            (Dir::Read, 0) => tx.read(local, len, desc, dest, raddr, key, ctx_of(op)),
+            (Dir::Read, f) => tx.read_flags(local, len, desc, dest, raddr, key, ctx_of(op), f),
         }
     }
 }
@@ -491,7 +497,7 @@ unsafe fn write(
 /// a later part that cannot be posted completes the put with that error.
 ///
 /// # Safety
-/// As for [`write`], for `size` bytes.
+/// As for [`rma`], for `size` bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn put_in_parts(
     mp: *mut Module,
@@ -533,7 +539,8 @@ unsafe fn put_in_parts(
         let raddr = raddr.wrapping_add(off as u64);
         let res = loop {
             // SAFETY: the caller's contract, for this part.
-            let res = st.fi(|| unsafe { write(st, local, len, desc, dest, raddr, key, part) });
+            let res =
+                st.fi(|| unsafe { rma(st, Dir::Write, local, len, desc, dest, raddr, key, part) });
             if res != Err(Error::AGAIN) || i == 0 {
                 break res;
             }
@@ -594,24 +601,17 @@ pub(crate) extern "C" fn btl_get(
         run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
             // SAFETY: as in put.
             st.fi(|| unsafe {
-                if st.delivery {
-                    // Same completion semantics as puts and atomics. On shm this also
-                    // selects the single-copy path for large reads (ob1's rendezvous
-                    // gets): 1 MiB in 40 us against 94 us without it.
-                    st.tx().read_flags(
-                        local_address,
-                        size,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        ctx_of(op),
-                        fi::FI_DELIVERY_COMPLETE as u64,
-                    )
-                } else {
-                    st.tx()
-                        .read(local_address, size, desc, dest, raddr, key, ctx_of(op))
-                }
+                rma(
+                    st,
+                    Dir::Read,
+                    local_address,
+                    size,
+                    desc,
+                    dest,
+                    raddr,
+                    key,
+                    op,
+                )
             })
         })
     })
