@@ -191,11 +191,17 @@ pub fn init_module(
                      ({}); expect {}",
                     if quirks.unexpected_ignores_mask {
                         "wildcard receives miss messages that arrived before them"
+                    } else if quirks.segments_unsafe {
+                        "many or large unexpected messages stall, and matching an unexpected \
+                         message sends the rest of a longer message in flight from that peer \
+                         astray"
                     } else {
                         "many or large unexpected messages stall"
                     },
                     if quirks.unexpected_ignores_mask {
                         "wrong matches"
+                    } else if quirks.segments_unsafe {
+                        "hangs and lost data"
                     } else {
                         "hangs"
                     }
