@@ -456,14 +456,14 @@ pub fn init_module(
         // Quirks::segments_unsafe; its reads are safe): there messages up to
         // PIECES_EAGER_MAX go in pieces of one packet, larger ones are read, and a
         // receive buffer holds one piece.
-        let pieces_only =
+        let one_packet_sends =
             quirks.segments_unsafe && state.inject_size > 2 * super::softmatch::HDR_LEN;
-        let pieces_eager_max = if pieces_only {
+        let pieces_eager_max = if one_packet_sends {
             super::softmatch::PIECES_EAGER_MAX
         } else {
             0
         };
-        let bounce = if pieces_only {
+        let bounce = if one_packet_sends {
             state.inject_size.min(super::softmatch::PIECE_BUF)
         } else if quirks.unexpected_stalls {
             super::softmatch::BOUNCE_LARGE
@@ -473,7 +473,7 @@ pub fn init_module(
         // shm moves a send past its inject size with process_vm_readv: 3.9 us one
         // way at 4 KiB on this project's virtual machine, against 1.2 to 1.5 us as
         // two injects.
-        let piece_max = if quirks.send_past_inject_slow || pieces_only {
+        let piece_max = if quirks.send_past_inject_slow || one_packet_sends {
             state.inject_size
         } else {
             0

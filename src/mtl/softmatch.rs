@@ -1509,9 +1509,9 @@ fn add_piece(lists: &mut Lists, hdr: &Hdr, payload: &[u8]) -> Result<Whole, Opti
         let mut payload = Vec::new();
         let mut lost = false;
         if target.is_none() {
-            // Where every message goes in pieces, an unexpected one may be large: a
-            // failed allocation loses it, and the receive that matches it fails,
-            // instead of the process.
+            // Assembled here; its length comes from the wire (at most the eager
+            // limit, Hdr::decode): a failed allocation loses the message, and the
+            // receive that matches it fails, instead of the process.
             if payload.try_reserve_exact(len).is_ok() {
                 payload.resize(len, 0);
             } else {
