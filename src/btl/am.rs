@@ -584,7 +584,7 @@ unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     if (st.amo && tag == super::amo::TAG_REQ)
-        || ((st.amo || st.put_by_read) && tag == super::amo::TAG_REP)
+        || (st.serves_requests() && tag == super::amo::TAG_REP)
         || (st.put_by_read && tag == super::amo::TAG_PUT)
     {
         // SAFETY: the payload holds len received bytes until the buffer is reposted.

@@ -224,6 +224,13 @@ impl State {
         Ok(mr)
     }
 
+    /// Peers send requests that target this process's registrations (emulated
+    /// atomics, puts by read), checked against the ranges `amo` keeps.
+    #[inline]
+    pub fn serves_requests(&self) -> bool {
+        self.amo || self.put_by_read
+    }
+
     /// Run one libfabric call under the threading lock.
     #[inline]
     pub fn fi<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -859,13 +866,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     }
     let write_max = if one_sided && quirks.segments_unsafe && inject_size > rdma::WRITE_HEADROOM * 2
     {
-        let w = inject_size - rdma::WRITE_HEADROOM;
-        log::info!(
-            "provider {provider}: writes of more than one packet break it under load \
-             (common::quirks): puts longer than {w} B are read by the target (btl_ofi_mode \
-             2) or go as writes of at most {w} B"
-        );
-        w
+        inject_size - rdma::WRITE_HEADROOM
     } else {
         usize::MAX
     };
@@ -1006,6 +1007,21 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             }
             r.is_ok()
         });
+    let put_by_read = write_max < usize::MAX && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0;
+    if write_max < usize::MAX {
+        log::info!(
+            "provider {provider}: writes of more than one packet break it under load \
+             (common::quirks): puts go as writes of at most {write_max} B{}",
+            if put_by_read {
+                format!(
+                    ", or above {} B are read by the target",
+                    rdma::PUT_BY_READ_MIN
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     let module = Box::new(Module {
         sup,
         st: State {
@@ -1030,7 +1046,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             mr_access: access,
             inject_size,
             write_max,
-            put_by_read: write_max < usize::MAX && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
+            put_by_read,
             piece_max: if quirks.send_past_inject_slow {
                 inject_size.min(am::INLINE_MAX)
             } else {

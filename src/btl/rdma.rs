@@ -231,7 +231,7 @@ pub(crate) extern "C" fn btl_register_mem(
         // SAFETY: btl is our module.
         let st = unsafe { &(*(btl as *mut Module)).st };
         let r = register(st, base, size).map_or(ptr::null_mut(), |r| {
-            if st.amo || st.put_by_read {
+            if st.serves_requests() {
                 // SAFETY: r is the live registration just made.
                 let key = unsafe { (*r).handle.key };
                 super::amo::note_region(btl as *mut Module, key, base as usize, size);
@@ -252,7 +252,7 @@ pub(crate) extern "C" fn btl_deregister_mem(
             // SAFETY: btl is our module; h came from our register_mem.
             let st = unsafe { &(*(btl as *mut Module)).st };
             let r = h as *mut Registration;
-            if st.amo || st.put_by_read {
+            if st.serves_requests() {
                 // SAFETY: r is live until deregister below.
                 let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
                 super::amo::forget_region(btl as *mut Module, key, base, len);
