@@ -252,6 +252,10 @@ impl State {
 /// The most modules one process runs: one for every peer, one for on-host peers.
 const MAX_MODULES: usize = 2;
 
+/// Completion errors logged as warnings per module; later ones are counted (and
+/// logged at debug level).
+const CQ_ERRORS_LOGGED: u64 = 8;
+
 /// The running modules (null before init and after finalize); the first reaches
 /// every peer.
 static MODULES: [AtomicPtr<Module>; MAX_MODULES] =
@@ -1205,14 +1209,30 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                 let entry = st.fi(|| cq.readerr());
                 match entry {
                     Ok(Some(ce)) => {
-                        st.cq_errors.fetch_add(1, Ordering::Relaxed);
+                        let seen = st.cq_errors.fetch_add(1, Ordering::Relaxed);
                         if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32
                         {
-                            log::debug!(
-                                "completion error on {}: {}",
-                                st.provider,
-                                cq.strerror(&ce)
-                            );
+                            // The operation's own callback carries the error to ob1 or
+                            // osc; this says what it was. A failing peer can produce
+                            // thousands: the first few are enough.
+                            if seen < CQ_ERRORS_LOGGED {
+                                log::warn!(
+                                    "completion error on {}: {}{}",
+                                    st.provider,
+                                    cq.strerror(&ce),
+                                    if seen + 1 == CQ_ERRORS_LOGGED {
+                                        " (further ones are only counted)"
+                                    } else {
+                                        ""
+                                    }
+                                );
+                            } else {
+                                log::debug!(
+                                    "completion error on {}: {}",
+                                    st.provider,
+                                    cq.strerror(&ce)
+                                );
+                            }
                         }
                         // SAFETY: as above.
                         unsafe { dispatch(mp, ce.op_context, ce.len, ce.err, ce.buf, ce.flags) };
@@ -1390,6 +1410,9 @@ extern "C" fn del_procs(
     })
 }
 
+/// Kept, never called: ob1's error handler (the one registered here) aborts the job
+/// on any call (`mca_pml_ob1_error_handler`: `ompi_rte_abort`), and osc rdma registers
+/// none. Errors reach the caller through each operation's callback and status instead.
 extern "C" fn register_error(
     btl: *mut sys::mca_btl_base_module_t,
     cb: sys::mca_btl_base_module_error_cb_fn_t,
@@ -1531,6 +1554,21 @@ pub fn rcache_stats() -> Option<rcache::Stats> {
     let mp = MODULES[0].load(Ordering::Acquire);
     // SAFETY: mp is null or live.
     unsafe { mp.as_ref() }.map(|m| lock(&m.st.rcache).stats())
+}
+
+/// The one-sided operations posted by every running module (`btl_ofi_rdma_stats`).
+pub fn op_counts() -> rdma::OpCounts {
+    let mut c = [0u64; 5];
+    for slot in &MODULES {
+        let mp = slot.load(Ordering::Acquire);
+        // SAFETY: mp is null or live.
+        if let Some(m) = unsafe { mp.as_ref() } {
+            for (sum, n) in c.iter_mut().zip(&m.st.ops) {
+                *sum += n.load(Ordering::Relaxed);
+            }
+        }
+    }
+    rdma::OpCounts::from(c)
 }
 
 /// The registration of a handle we returned (local use only).

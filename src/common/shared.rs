@@ -248,6 +248,10 @@ fn open_prepared(
             && i.caps() & chosen.caps() == chosen.caps()
             && i.mr_mode() == chosen.mr_mode()
             && s.domain.threading() == chosen.threading()
+            // A component that asked for manual progress (the MTL on sockets) must
+            // not get a domain opened for automatic progress, nor the other way round.
+            && i.data_progress() == chosen.data_progress()
+            && i.control_progress() == chosen.control_progress()
     });
     let shared = match found {
         Some(s) => {

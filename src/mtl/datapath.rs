@@ -784,10 +784,10 @@ fn progress_one_cq(m: &Mtl, cq: *mut fi::fid_cq, budget: usize) -> usize {
 
 /// The progress callback registered with Open MPI.
 pub extern "C" fn progress_cb() -> c_int {
-    match mtl() {
+    ffi_guard("mtl progress", 0, || match mtl() {
         Some(m) => progress_mtl(m) as c_int,
         None => 0,
-    }
+    })
 }
 
 /// Spin on progress until `done` holds.

@@ -240,7 +240,8 @@ pub fn init_module(
         if quirks.unexpected_unbuffered {
             h = h.total_buffered_recv(common::quirks::UNEXPECTED_BUFFER);
         }
-        if quirks.lazy_matching && param(idx::DATA_PROGRESS) == 0 {
+        if quirks.lazy_matching && progress_of(param(idx::DATA_PROGRESS)) == fi::FI_PROGRESS_UNSPEC
+        {
             h = h.data_progress(fi::FI_PROGRESS_MANUAL);
         }
         common::open_domain(DomainRequest {
@@ -283,11 +284,29 @@ pub fn init_module(
         );
     }
     let info = domain.info();
+    if quirks.lazy_matching {
+        log::info!(
+            "provider {name}: data progress {} (manual makes our completion-queue reads match \
+             receives posted after their message arrived)",
+            match info.data_progress() {
+                fi::FI_PROGRESS_MANUAL => "manual",
+                fi::FI_PROGRESS_AUTO => "automatic",
+                _ => "unspecified",
+            }
+        );
+    }
     let cq_data = info.cq_data_size();
     let directed = info.caps() & fi::FI_DIRECTED_RECV != 0;
     let mode = match requested {
         // Software matching matches the tag bits only: the source must be in them.
-        None | Some(TagMode::Full) if soft => TagMode::Tag1,
+        None if soft => TagMode::Tag1,
+        Some(TagMode::Full) if soft => {
+            log::warn!(
+                "mtl_ofi_tag_mode=ofi_tag_full: matching in software on {name} carries the \
+                 source in the tag, not in CQ data; using ofi_tag_1"
+            );
+            TagMode::Tag1
+        }
         None if cq_data >= 8 && directed => TagMode::Full,
         None => TagMode::Tag1,
         Some(TagMode::Full) if cq_data < 8 || !directed => {
@@ -722,15 +741,23 @@ extern "C" fn mtl_add_comm(
         let max = unsafe { (*MODULE.get()).mtl_max_contextid } as u32;
         // SAFETY: comm is live.
         let cid = unsafe { (*comm).c_contextid };
-        if cid >= max && !CID_WARNED.swap(true, Ordering::Relaxed) {
+        // Open MPI hands out ids below mtl_max_contextid and fails the next
+        // communicator creation itself (MPI_ERR_INTERN, without a word and without
+        // calling us) once they are all taken: the last id is where we can say why.
+        if cid.saturating_add(1) >= max && !CID_WARNED.swap(true, Ordering::Relaxed) {
             log::warn!(
-                "communicator id {cid} is the last one this tag mode can carry ({} ids): creating \
-                 more communicators will fail with MPI_ERR_INTERN/out of resource; free \
-                 communicators, or use mtl_ofi_tag_mode=ofi_tag_full (or ofi_tag_2) for more ids",
-                max as u64 + 1
+                "communicator id {cid} is the last one the MTL's tag mode ({}) can carry \
+                 ({max} ids): once all are in use, creating another communicator fails with \
+                 MPI_ERR_INTERN until some are freed; mtl_ofi_tag_mode=ofi_tag_2 or \
+                 ofi_tag_full carries more where the provider allows it",
+                datapath::mtl().map_or("?", |m| m.layout.mode.name())
             );
         }
-        if cid > max {
+        if cid >= max {
+            log::error!(
+                "communicator id {cid} does not fit the MTL's tag mode (ids below {max}): \
+                 the communicator cannot be used"
+            );
             return sys::OMPI_ERR_OUT_OF_RESOURCE;
         }
         sys::OMPI_SUCCESS
