@@ -564,7 +564,8 @@ pub fn init_module(
     let m = MODULE.get();
     // SAFETY: the module is ours and not yet handed to the PML.
     unsafe {
-        (*m).mtl_max_contextid = layout.max_cid();
+        // Open MPI hands out ids below mtl_max_contextid: every id the layout carries.
+        (*m).mtl_max_contextid = (layout.max_cid() as u64 + 1).min(i32::MAX as u64) as i32;
         (*m).mtl_max_tag = layout.max_tag();
         (*m).mtl_request_size = REQUEST_EXTRA;
     }
