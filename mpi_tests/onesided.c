@@ -32,6 +32,8 @@
  * Options: --inject N, --windows N (onesided only), --quick; to run a part only:
  *   --kinds allocate,create,dynamic  --syncs fence,pscw,lock,lockshared,lockall
  *   --ops putget,acc,getacc,fop,cas,flush  (--windows 0 skips the churn)
+ * atomics.c adds the part "btl" (--ops btl), run after the others through the hook
+ * ONESIDED_EXTRA.
  */
 #include "common.h"
 #include <stdbool.h>
@@ -45,7 +47,7 @@ static const char *sync_key[NSYNC] = { "fence", "pscw", "lock", "lockshared", "l
 
 #ifdef ONESIDED_ATOMICS
 #define PROG "atomics"
-#define DEFAULT_OPS "getacc,fop,cas"
+#define DEFAULT_OPS "getacc,fop,cas,btl"
 #else
 #define PROG "onesided"
 #define DEFAULT_OPS "putget,acc,flush"
@@ -755,6 +757,9 @@ int main(int argc, char **argv)
     }
     if (nwin > 0)
         churn(nwin);
+#ifdef ONESIDED_EXTRA
+    ONESIDED_EXTRA();
+#endif
     T_CHECK_MPI(MPI_Comm_free(&xcomm));
     return t_pass();
 }

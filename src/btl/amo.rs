@@ -510,7 +510,7 @@ fn start(
     cbdata: *mut c_void,
 ) -> c_int {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
-        return sys::OPAL_ERR_NOT_AVAILABLE;
+        return super::rdma::UNSUPPORTED;
     }
     if endpoint.is_null() || remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
@@ -915,7 +915,7 @@ pub(crate) extern "C" fn btl_atomic_op(
 ) -> c_int {
     ffi_guard("btl atomic_op (am)", sys::OPAL_ERROR, || {
         let Some(op) = Op::from_btl(op) else {
-            return sys::OPAL_ERR_NOT_AVAILABLE;
+            return super::rdma::UNSUPPORTED;
         };
         start(
             btl,
@@ -952,7 +952,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
 ) -> c_int {
     ffi_guard("btl atomic_fop (am)", sys::OPAL_ERROR, || {
         let Some(op) = Op::from_btl(op) else {
-            return sys::OPAL_ERR_NOT_AVAILABLE;
+            return super::rdma::UNSUPPORTED;
         };
         start(
             btl,

@@ -684,10 +684,40 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             Err(e) => failures.push(e.to_string()),
         }
     }
-    let Some((domain, atomics, delivery, multi)) = opened else {
+    let Some((mut domain, atomics, delivery, multi)) = opened else {
         failures.dedup();
         return Err(failures.join("; "));
     };
+    // A provider that lags under automatic progress (sockets: floods of unexpected
+    // messages stall) is opened again, the same way, with manual progress, unless
+    // btl_ofi_progress_mode chose.
+    let chosen = domain.info().provider_name().to_string();
+    if progress == fi::FI_PROGRESS_UNSPEC
+        && crate::common::quirks::of(&chosen).lags_in_auto_progress
+        && domain.info().data_progress() != fi::FI_PROGRESS_MANUAL
+    {
+        let reopened = make_hints(atomics, delivery, multi)
+            .map_err(|e| format!("cannot allocate fi_info hints: {e}"))
+            .and_then(|h| {
+                common::open_domain(DomainRequest {
+                    component: "btl",
+                    hints: h
+                        .prov_name(&chosen)
+                        .control_progress(fi::FI_PROGRESS_MANUAL)
+                        .data_progress(fi::FI_PROGRESS_MANUAL),
+                    threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
+                    spans_hosts: !all_local && role == Role::AllPeers,
+                })
+                .map_err(|e| e.to_string())
+            });
+        match reopened {
+            Ok(d) => {
+                log::info!("provider {chosen}: manual progress (its own progress thread lags)");
+                domain = d;
+            }
+            Err(e) => log::info!("provider {chosen}: automatic progress (manual refused: {e})"),
+        }
+    }
     let info = domain.info();
     let provider = info.provider_name().to_string();
     let mr_mode = info.mr_mode();

@@ -266,11 +266,52 @@ pub(crate) extern "C" fn btl_deregister_mem(
     })
 }
 
-/// Publish the cache counters in `btl_ofi_rcache_stats` (read-only, for MPI_T readers).
+/// Publish the cache counters in `btl_ofi_rcache_stats` and the operation counters
+/// in `btl_ofi_rdma_stats` (read-only, for MPI_T readers: `mpi_tests/atomics.c` checks
+/// with them that osc rdma's atomics went through this BTL).
 fn publish_stats(st: &State) {
     let stats = lock(&st.rcache).stats();
+    let ops = super::module::op_counts();
     if let Some(p) = lock(&super::component::PARAMS).as_ref() {
         p.set_status(crate::ompi::params::btl::RCACHE_STATS, &stats.to_string());
+        p.set_status(crate::ompi::params::btl::RDMA_STATS, &ops.to_string());
+    }
+}
+
+/// One-sided operations posted (`State::ops`), the provider's and the emulated alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub puts: u64,
+    pub gets: u64,
+    /// `btl_atomic_op` (non-fetching).
+    pub atomics: u64,
+    /// `btl_atomic_fop`.
+    pub fetching_atomics: u64,
+    /// `btl_atomic_cswap`.
+    pub cswaps: u64,
+}
+
+impl From<[u64; 5]> for OpCounts {
+    /// In the order of `State::ops`.
+    fn from(c: [u64; 5]) -> OpCounts {
+        OpCounts {
+            puts: c[0],
+            gets: c[1],
+            atomics: c[2],
+            fetching_atomics: c[3],
+            cswaps: c[4],
+        }
+    }
+}
+
+/// The format MPI programs parse (`mpi_tests/atomics.c`): keep it stable.
+impl std::fmt::Display for OpCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "puts {} gets {} atomics {} fetching atomics {} compare-and-swaps {}",
+            self.puts, self.gets, self.atomics, self.fetching_atomics, self.cswaps
+        )
     }
 }
 
@@ -617,9 +658,17 @@ pub(crate) extern "C" fn btl_get(
     })
 }
 
+/// What an atomic this module does not offer (operation, width or float) returns:
+/// `OPAL_ERR_NOT_SUPPORTED`, the one error on which osc rdma falls back to get, op and
+/// put under its accumulate lock. Open MPI 4.1.4's osc rdma hands the BTL every
+/// operation it maps without looking at `btl_atomic_flags` beyond the width
+/// (`ompi_osc_rdma_fetch_and_op_atomic`), and `ompi_osc_rdma_gacc_amo` tries again,
+/// forever, after any other error.
+pub const UNSUPPORTED: c_int = sys::OPAL_ERR_NOT_SUPPORTED;
+
 fn datatype(flags: c_int) -> Result<(fi::fi_datatype, usize), c_int> {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
-        return Err(sys::OPAL_ERR_NOT_AVAILABLE);
+        return Err(UNSUPPORTED);
     }
     Ok(if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
         (fi::FI_INT32, 4)
@@ -653,7 +702,7 @@ pub(crate) extern "C" fn btl_atomic_op(
             Err(e) => return e,
         };
         let Some((bit, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return sys::OPAL_ERR_NOT_AVAILABLE;
+            return UNSUPPORTED;
         };
         let _ = bit;
         let r = Req {
@@ -746,7 +795,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
             Err(e) => return e,
         };
         let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return sys::OPAL_ERR_NOT_AVAILABLE;
+            return UNSUPPORTED;
         };
         let r = Req {
             mp: btl as *mut Module,
@@ -807,7 +856,7 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             Err(e) => return e,
         };
         if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
-            return sys::OPAL_ERR_NOT_AVAILABLE;
+            return UNSUPPORTED;
         }
         let r = Req {
             mp: btl as *mut Module,
@@ -859,4 +908,18 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             },
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpCounts;
+
+    #[test]
+    fn op_counts_keep_the_format_mpi_programs_parse() {
+        let c = OpCounts::from([1, 2, 3, 4, 5]);
+        assert_eq!(
+            c.to_string(),
+            "puts 1 gets 2 atomics 3 fetching atomics 4 compare-and-swaps 5"
+        );
+    }
 }

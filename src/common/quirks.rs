@@ -40,15 +40,17 @@ pub struct Quirks {
     /// receiver that posts its receives in another order than the sends deadlocks.
     /// The MTL asks for [`UNEXPECTED_BUFFER`] bytes.
     pub unexpected_unbuffered: bool,
-    /// A receive posted after its message arrived meets the message only in the
-    /// provider's progress, which under automatic progress runs in the provider's own
-    /// thread at some later time (sockets). Until then `FI_PEEK` reports the message as
-    /// unexpected, and the MTL's stall breaker would receive it exactly while the
-    /// older receive took it (seen: "Stash failed: Truncation error" and hangs in
-    /// mpi_tests `threads --many 100` at 4 ranks, one run in six). The MTL asks for
-    /// manual progress there (unless `mtl_ofi_data_progress` says otherwise), so that
-    /// its own completion-queue reads do that matching.
-    pub lazy_matching: bool,
+    /// Under automatic progress the provider's own thread does the work, at its own
+    /// pace (sockets). A receive posted after its message arrived meets the message
+    /// only there: until then `FI_PEEK` reports the message as unexpected, and the
+    /// MTL's stall breaker would receive it exactly while the older receive took it
+    /// (seen: "Stash failed: Truncation error" and hangs in mpi_tests `threads --many
+    /// 100` at 4 ranks, one run in six). Floods stall: 5,000 unexpected messages
+    /// (`many_posted`) failed and 5,000 live communicators (`comms`) timed out under
+    /// both components, and 1,000 communicator cycles took 50 s (0.3 s with manual
+    /// progress). Both components ask for manual progress there unless their progress
+    /// parameters say otherwise, so that their own completion-queue reads do the work.
+    pub lags_in_auto_progress: bool,
     /// A peer's messages may arrive out of the order they were sent, though the
     /// provider promises `FI_ORDER_SAS` (ofi_rxd 1.17: an 8-byte message overtook the
     /// 0-byte one sent before it on the same communicator and tag, one mpi_tests
@@ -143,7 +145,7 @@ pub fn of(provider: &str) -> Quirks {
         send_past_inject_slow: layers.first() == Some(&"shm"),
         atomics_crash: layers.contains(&"ofi_rxd"),
         unexpected_unbuffered: layers.first() == Some(&"sockets"),
-        lazy_matching: layers.first() == Some(&"sockets"),
+        lags_in_auto_progress: layers.first() == Some(&"sockets"),
         reorders_messages: layers.contains(&"ofi_rxd"),
         multi_recv_unsafe: layers.contains(&"ofi_rxm"),
         flood_unsafe: layers.contains(&"ofi_rxd"),

@@ -38,7 +38,7 @@ pub struct Mtl {
     /// `FI_DIRECTED_RECV` is in effect: named-source receives pass the source address.
     pub directed: bool,
     /// The provider meets a receive with a message that arrived before it only in its
-    /// progress (`common::quirks::Quirks::lazy_matching`): a peek reads the completion
+    /// progress (`common::quirks::Quirks::lags_in_auto_progress`): a peek reads the completion
     /// queue first.
     pub lazy_matching: bool,
     pub events_per_progress: usize,

@@ -240,7 +240,8 @@ pub fn init_module(
         if quirks.unexpected_unbuffered {
             h = h.total_buffered_recv(common::quirks::UNEXPECTED_BUFFER);
         }
-        if quirks.lazy_matching && progress_of(param(idx::DATA_PROGRESS)) == fi::FI_PROGRESS_UNSPEC
+        if quirks.lags_in_auto_progress
+            && progress_of(param(idx::DATA_PROGRESS)) == fi::FI_PROGRESS_UNSPEC
         {
             h = h.data_progress(fi::FI_PROGRESS_MANUAL);
         }
@@ -284,7 +285,7 @@ pub fn init_module(
         );
     }
     let info = domain.info();
-    if quirks.lazy_matching {
+    if quirks.lags_in_auto_progress {
         log::info!(
             "provider {name}: data progress {} (manual makes our completion-queue reads match \
              receives posted after their message arrived)",
@@ -439,7 +440,7 @@ pub fn init_module(
         // Only the full layout needs directed receives (the source is not in the tag);
         // the others match the source in the tag bits.
         directed: directed && layout.source_in_data(),
-        lazy_matching: quirks.lazy_matching,
+        lazy_matching: quirks.lags_in_auto_progress,
         events_per_progress: events,
         lock: datapath::MaybeLock::new(threaded_lock),
         overflow,
