@@ -248,8 +248,8 @@ static T_UNUSED int t_sizes_def(size_t *out, int max, const char *defspec)
 static T_UNUSED int t_sizes(size_t *out, int max)
 {
     return t_sizes_def(out, max,
-                       t_opt_flag("big") ? "0,1,inject-1,inject,inject+1,64K,4M,64M"
-                                         : "0,1,inject-1,inject,inject+1,64K,4M");
+                       t_opt_flag("big") ? "0,1,inject-1,inject,inject+1,8193,64K,65537,4M,64M"
+                                         : "0,1,inject-1,inject,inject+1,8193,64K,65537,4M");
 }
 
 /* ---------- memory and patterns ---------- */
