@@ -129,7 +129,11 @@ pub(crate) fn monitor_prepare(choice: &str) -> Result<(), Decline> {
         ) {
             log::warn!("{w}");
         }
-        let status = format!("{}; munmap: {owner}", outcome.active);
+        let status = format!(
+            "{}; munmap: {owner}; release events to our caches: {}",
+            outcome.active,
+            if outcome.release_events { "yes" } else { "no" }
+        );
         with_params(|p| p.set_status(idx::MEMORY_MONITOR_STATUS, &status));
     }
     Ok(())
