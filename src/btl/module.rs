@@ -691,9 +691,9 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // A provider that lags under automatic progress (sockets: floods of unexpected
     // messages stall) is opened again, the same way, with manual progress, unless
     // btl_ofi_progress_mode chose.
-    let chosen = domain.info().provider_name().to_string();
+    let provider = domain.info().provider_name().to_string();
     if progress == fi::FI_PROGRESS_UNSPEC
-        && crate::common::quirks::of(&chosen).lags_in_auto_progress
+        && crate::common::quirks::of(&provider).lags_in_auto_progress
         && domain.info().data_progress() != fi::FI_PROGRESS_MANUAL
     {
         let reopened = make_hints(atomics, delivery, multi)
@@ -702,7 +702,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
                 common::open_domain(DomainRequest {
                     component: "btl",
                     hints: h
-                        .prov_name(&chosen)
+                        .prov_name(&provider)
                         .control_progress(fi::FI_PROGRESS_MANUAL)
                         .data_progress(fi::FI_PROGRESS_MANUAL),
                     threading_fallback: mpi_threads.then_some(fi::FI_THREAD_DOMAIN),
@@ -712,14 +712,13 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             });
         match reopened {
             Ok(d) => {
-                log::info!("provider {chosen}: manual progress (its own progress thread lags)");
+                log::info!("provider {provider}: manual progress (its own progress thread lags)");
                 domain = d;
             }
-            Err(e) => log::info!("provider {chosen}: automatic progress (manual refused: {e})"),
+            Err(e) => log::info!("provider {provider}: automatic progress (manual refused: {e})"),
         }
     }
     let info = domain.info();
-    let provider = info.provider_name().to_string();
     let mr_mode = info.mr_mode();
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = domain.domain().clone();
@@ -1245,24 +1244,22 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             // The operation's own callback carries the error to ob1 or
                             // osc; this says what it was. A failing peer can produce
                             // thousands: the first few are enough.
-                            if seen < CQ_ERRORS_LOGGED {
-                                log::warn!(
-                                    "completion error on {}: {}{}",
-                                    st.provider,
-                                    cq.strerror(&ce),
-                                    if seen + 1 == CQ_ERRORS_LOGGED {
-                                        " (further ones are only counted)"
-                                    } else {
-                                        ""
-                                    }
-                                );
+                            let level = if seen < CQ_ERRORS_LOGGED {
+                                log::Level::Warn
                             } else {
-                                log::debug!(
-                                    "completion error on {}: {}",
-                                    st.provider,
-                                    cq.strerror(&ce)
-                                );
-                            }
+                                log::Level::Debug
+                            };
+                            log::log!(
+                                level,
+                                "completion error on {}: {}{}",
+                                st.provider,
+                                cq.strerror(&ce),
+                                if seen + 1 == CQ_ERRORS_LOGGED {
+                                    " (further ones are only counted)"
+                                } else {
+                                    ""
+                                }
+                            );
                         }
                         // SAFETY: as above.
                         unsafe { dispatch(mp, ce.op_context, ce.len, ce.err, ce.buf, ce.flags) };
