@@ -4,7 +4,7 @@
  * the part "btl" below (--ops btl; in the default set): every operation osc rdma can
  * give to a BTL's atomics, on MPI_INT32_T, MPI_INT and MPI_INT64_T, from every rank to
  * the same words of every rank at once, each result checked exactly, and, where our
- * BTL is loaded, proof through MPI_T (btl_ofi_rdma_stats) that its atomics did the work.
+ * BTL is loaded, proof through MPI_T (btl_ofi_rdma_*) that its atomics did the work.
  *
  * What Open MPI 4.1.4's osc rdma gives to the BTL (ompi/mca/osc/rdma):
  *   - MPI_Accumulate, MPI_Get_accumulate and MPI_Fetch_and_op on a predefined integer
@@ -37,8 +37,8 @@
  * another up with compare-and-swap loops (exactly K increments each); then every rank
  * reads its neighbour's words back with MPI_NO_OP.
  *
- * The BTL's counters (btl_ofi_rdma_stats, published at every registration and
- * deregistration, so after MPI_Win_free) must have grown by at least the operations
+ * The BTL's counters (MPI_T performance variables btl_ofi_rdma_*), read after the
+ * window's creation and after MPI_Win_free, must have grown by at least the operations
  * this rank sent to other ranks: fetching atomics plus atomics >= the elements of the
  * mapped operations, compare-and-swaps >= the 8-byte compare-and-swaps. They are
  * required when OMPI_OFI_TEST_PROVIDER names an OFI provider (the btl lane; it is
@@ -266,26 +266,27 @@ static const char *lxor_check(const int64_t *v, const int64_t *f, int n, int64_t
     return NULL;
 }
 
-/* the BTL's counters through MPI_T (btl_ofi_rdma_stats) */
+/* the BTL's counters (MPI_T performance variables btl_ofi_rdma_*) */
 typedef struct {
     long long put, get, op, fop, cas;
 } counts_t;
+static const char *const count_names[5] = { "btl_ofi_rdma_puts", "btl_ofi_rdma_gets", "btl_ofi_rdma_atomics",
+                                            "btl_ofi_rdma_fetching_atomics", "btl_ofi_rdma_cswaps" };
+static t_pvars_t count_vars;
+static int have_counts;
 
 static int read_counts(counts_t *c)
 {
-    int idx, cnt;
-    MPI_T_cvar_handle h;
-    char s[4096] = "";
+    unsigned long long v[5] = { 0 };
     memset(c, 0, sizeof(*c));
-    if (MPI_T_cvar_get_index("btl_ofi_rdma_stats", &idx) != MPI_SUCCESS)
+    if (!have_counts)
         return 0;
-    T_CHECK_MPI(MPI_T_cvar_handle_alloc(idx, NULL, &h, &cnt));
-    T_ASSERT(cnt < (int)sizeof(s), "btl_ofi_rdma_stats holds %d characters", cnt);
-    T_CHECK_MPI(MPI_T_cvar_read(h, s));
-    T_CHECK_MPI(MPI_T_cvar_handle_free(&h));
-    if (s[0] && sscanf(s, "puts %lld gets %lld atomics %lld fetching atomics %lld compare-and-swaps %lld", &c->put,
-                       &c->get, &c->op, &c->fop, &c->cas) != 5)
-        t_fail("btl_ofi_rdma_stats: cannot read \"%s\"", s);
+    t_pvars_read(&count_vars, v);
+    c->put = (long long)v[0];
+    c->get = (long long)v[1];
+    c->op = (long long)v[2];
+    c->fop = (long long)v[3];
+    c->cas = (long long)v[4];
     return 1;
 }
 
@@ -352,7 +353,6 @@ static void btl_kind(int kind, int want_counts, int nops)
     }
     MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
     T_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
-    /* published by the window's registration: everything posted before it */
     have0 = read_counts(&c0);
 
     /* every rank, the target itself included, applies each operation K times to the same
@@ -586,7 +586,6 @@ static void btl_kind(int kind, int want_counts, int nops)
     if (kind == W_DYNAMIC)
         T_CHECK_MPI(MPI_Win_detach(win, base));
     T_CHECK_MPI(MPI_Win_free(&win));
-    /* published by the deregistrations in MPI_Win_free (and MPI_Win_detach) */
     have1 = read_counts(&c1);
 
     {
@@ -594,7 +593,7 @@ static void btl_kind(int kind, int want_counts, int nops)
         int have = have0 && have1;
         T_CHECK_MPI(MPI_Allreduce(d, sum, 5, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
         if (want_counts && !have)
-            t_fail("%s: btl_ofi_rdma_stats not found through MPI_T (is our BTL loaded? --no-btl-counters skips this)",
+            t_fail("%s: btl_ofi_rdma_* not found through MPI_T (is our BTL loaded? --no-btl-counters skips this)",
                    what);
         if (have) {
             t_info("%s: BTL counters, all ranks: %lld atomics, %lld fetching atomics, %lld compare-and-swaps; "
@@ -630,9 +629,11 @@ static void btl_part(void)
         t_info("btl part: MPI_LAND, MPI_LOR and MPI_LXOR skipped over vader (osc rdma gives them to vader, which "
                "does not have them)");
     T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided));
+    have_counts = t_pvars_open(&count_vars, count_names, 5);
     if (selected("kinds", "create"))
         btl_kind(W_CREATE, want_counts, nops);
     if (selected("kinds", "dynamic"))
         btl_kind(W_DYNAMIC, want_counts, nops);
+    t_pvars_close(&count_vars);
     MPI_T_finalize();
 }

@@ -503,4 +503,52 @@ static T_UNUSED int t_all_local(void)
     return same;
 }
 
+/* ---------- MPI_T performance variables (our BTL's counters, src/btl/stats.rs) ---------- */
+
+#define T_PVARS_MAX 8
+typedef struct {
+    int n;
+    MPI_T_pvar_session session;
+    MPI_T_pvar_handle h[T_PVARS_MAX];
+} t_pvars_t;
+
+/*
+ * Binds the performance variables `names` (full names, e.g. "btl_ofi_rcache_hits") in a
+ * session of their own: from here on a counter reads the events since this call, a level
+ * its current value. Call after MPI_T_init_thread. Returns 1 when all are bound, 0 (and
+ * binds nothing) when one does not exist, i.e. our BTL is not loaded.
+ */
+static T_UNUSED int t_pvars_open(t_pvars_t *p, const char *const *names, int n)
+{
+    int idx[T_PVARS_MAX];
+    memset(p, 0, sizeof(*p));
+    T_ASSERT(n <= T_PVARS_MAX, "%d MPI_T variables asked for, at most %d", n, T_PVARS_MAX);
+    for (int i = 0; i < n; i++)
+        if (MPI_T_pvar_get_index(names[i], MPI_T_PVAR_CLASS_COUNTER, &idx[i]) != MPI_SUCCESS &&
+            MPI_T_pvar_get_index(names[i], MPI_T_PVAR_CLASS_LEVEL, &idx[i]) != MPI_SUCCESS)
+            return 0;
+    T_CHECK_MPI(MPI_T_pvar_session_create(&p->session));
+    for (int i = 0; i < n; i++) {
+        int count = 0;
+        T_CHECK_MPI(MPI_T_pvar_handle_alloc(p->session, idx[i], NULL, &p->h[i], &count));
+        T_ASSERT(count == 1, "MPI_T variable %s has %d values, expected 1", names[i], count);
+    }
+    p->n = n;
+    return 1;
+}
+
+/* Reads every bound variable into v[0..n). */
+static T_UNUSED void t_pvars_read(t_pvars_t *p, unsigned long long *v)
+{
+    for (int i = 0; i < p->n; i++)
+        T_CHECK_MPI(MPI_T_pvar_read(p->session, p->h[i], &v[i]));
+}
+
+static T_UNUSED void t_pvars_close(t_pvars_t *p)
+{
+    if (p->n > 0)
+        T_CHECK_MPI(MPI_T_pvar_session_free(&p->session));
+    p->n = 0;
+}
+
 #endif

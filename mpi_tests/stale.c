@@ -30,9 +30,8 @@
  * Registration-cache counters. Providers that read registered memory by virtual
  * address (all of this machine's) return the new contents even through a stale
  * registration, so the data alone cannot show that staleness was handled. When the
- * MPI_T variable btl_ofi_rcache_stats exists (our BTL), every rank reads its counters
- * ("hits H misses M invalidations I evictions E uncached U ...", published at each
- * registration and deregistration) for each release:
+ * MPI_T performance variables btl_ofi_rcache_* exist (our BTL), every rank reads its
+ * counters (hits, misses, invalidations, evictions, uncached) for each release:
  *   before  = right before the release (munmap, free of an mmap'd chunk, madvise), after
  *             the old memory's window was freed / the old memory detached;
  *   after   = right after the new memory's MPI_Win_create / MPI_Win_attach;
@@ -77,9 +76,8 @@ static int bypass_hooks;
 static int release_events = 1;     /* opal_common_ofi_memory_monitor_status */
 static char monitor_status[1024] = "unknown";
 
-/* ---------- registration-cache counters (btl_ofi_rcache_stats through MPI_T) ---------- */
+/* ---------- registration-cache counters (btl_ofi_rcache_* through MPI_T) ---------- */
 
-/* in the order of the variable's text */
 enum { RC_HITS, RC_MISSES, RC_INVAL, RC_EVICT, RC_UNCACHED, RC_N };
 struct rc {
     long v[RC_N];
@@ -98,28 +96,23 @@ enum { M_CREATE, M_ATTACH, NMODES };
 static const char *mode_name[NMODES] = { "MPI_Win_create", "MPI_Win_attach" };
 static long k_checked[NKINDS][NMODES], k_skipped[NKINDS][NMODES], k_delta[NKINDS][NMODES][RC_N];
 
-static int rc_idx = -1; /* MPI_T index of btl_ofi_rcache_stats; -1: not our BTL */
+/* our BTL's counters (MPI_T performance variables), in the order of enum RC_*; have_rc 0:
+ * they do not exist (not our BTL) */
+static const char *const rc_names[RC_N] = { "btl_ofi_rcache_hits", "btl_ofi_rcache_misses",
+                                            "btl_ofi_rcache_invalidations", "btl_ofi_rcache_evictions",
+                                            "btl_ofi_rcache_uncached" };
+static t_pvars_t rc_vars;
+static int have_rc;
 
 static void rc_read(struct rc *s)
 {
-    MPI_T_cvar_handle h;
-    int count = 0;
-    char *buf;
-    size_t n;
+    unsigned long long v[RC_N] = { 0 };
     memset(s, 0, sizeof(*s));
-    if (rc_idx < 0)
+    if (!have_rc)
         return;
-    T_CHECK_MPI(MPI_T_cvar_handle_alloc(rc_idx, NULL, &h, &count));
-    n = count + 1 > 2048 ? (size_t)count + 1 : 2048;
-    buf = t_malloc(n);
-    memset(buf, 0, n);
-    T_CHECK_MPI(MPI_T_cvar_read(h, buf));
-    T_CHECK_MPI(MPI_T_cvar_handle_free(&h));
-    /* empty until the first registration */
-    if (buf[0] && sscanf(buf, "hits %ld misses %ld invalidations %ld evictions %ld uncached %ld", &s->v[RC_HITS],
-                         &s->v[RC_MISSES], &s->v[RC_INVAL], &s->v[RC_EVICT], &s->v[RC_UNCACHED]) != RC_N)
-        t_fail("cannot parse btl_ofi_rcache_stats: '%s'", buf);
-    free(buf);
+    t_pvars_read(&rc_vars, v);
+    for (int k = 0; k < RC_N; k++)
+        s->v[k] = (long)v[k];
 }
 
 /*
@@ -136,7 +129,7 @@ static void rc_check(int kind, int mode, const char *release, const struct rc_wi
 {
     long d[RC_N];
     int stale;
-    if (rc_idx < 0)
+    if (!have_rc)
         return;
     if (w1->after.v[RC_UNCACHED] != w1->before.v[RC_UNCACHED] || before->v[RC_EVICT] != w1->after.v[RC_EVICT]) {
         k_skipped[kind][mode]++; /* the old registration may not have been in the cache */
@@ -154,7 +147,7 @@ static void rc_check(int kind, int mode, const char *release, const struct rc_wi
                d[RC_EVICT]);
     stale = mode == M_ATTACH && d[RC_HITS] > 0;
     if (d[RC_INVAL] <= 0 || d[RC_MISSES] <= 0 || stale)
-        t_fail("registration-cache counters (btl_ofi_rcache_stats) from before the %s to after the new memory's "
+        t_fail("registration-cache counters (btl_ofi_rcache_*) from before the %s to after the new memory's "
                "%s: invalidations %+ld, misses %+ld, hits %+ld, uncached %+ld, evictions %+ld:%s%s%s",
                release, mode_name[mode], d[RC_INVAL], d[RC_MISSES], d[RC_HITS], d[RC_UNCACHED], d[RC_EVICT],
                d[RC_INVAL] <= 0 ? " the release invalidated no cached registration;" : "",
@@ -165,8 +158,8 @@ static void rc_check(int kind, int mode, const char *release, const struct rc_wi
 static void rc_report(int expect)
 {
     long checked[NKINDS][NMODES], skipped[NKINDS][NMODES], delta[NKINDS][NMODES][RC_N], total = 0;
-    if (rc_idx < 0) {
-        t_info("registration-cache counters not checked: no MPI_T variable btl_ofi_rcache_stats (not our BTL)");
+    if (!have_rc) {
+        t_info("registration-cache counters not checked: no MPI_T variables btl_ofi_rcache_* (not our BTL)");
         return;
     }
     T_CHECK_MPI(MPI_Allreduce(k_checked, checked, NKINDS * NMODES, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
@@ -197,7 +190,7 @@ static void rc_report(int expect)
                    monitor_status);
         else
             t_fail("--expect-rcache: no scenario could be checked: every old registration bypassed the cache "
-                   "(btl_ofi_rcache_stats shows nothing about invalidation)");
+                   "(btl_ofi_rcache_* show nothing about invalidation)");
     }
 }
 
@@ -462,10 +455,9 @@ int main(int argc, char **argv)
     if (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1)
         t_fail("mallopt(M_MMAP_THRESHOLD) failed");
     T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &prov));
-    if (MPI_T_cvar_get_index("btl_ofi_rcache_stats", &rc_idx) != MPI_SUCCESS)
-        rc_idx = -1;
-    if (rc_idx < 0 && expect_rc)
-        t_fail("--expect-rcache: no MPI_T variable btl_ofi_rcache_stats: is our BTL loaded?");
+    have_rc = t_pvars_open(&rc_vars, rc_names, RC_N);
+    if (!have_rc && expect_rc)
+        t_fail("--expect-rcache: no MPI_T variables btl_ofi_rcache_*: is our BTL loaded?");
     {
         /* Without Open MPI's memory hooks (e.g. an Open MPI built with --disable-dlopen)
          * the cache is told of no release and caches nothing: it cannot go stale, and
@@ -499,6 +491,7 @@ int main(int argc, char **argv)
            "%d/%d (growing in place is usually impossible), malloc %d/%d",
            reused[0], not_reused[0], reused[1], not_reused[1], reused[2], not_reused[2]);
     rc_report(expect_rc);
+    t_pvars_close(&rc_vars);
     T_CHECK_MPI(MPI_T_finalize());
     return t_pass();
 }

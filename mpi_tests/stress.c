@@ -25,7 +25,7 @@
  * communicator, so all ranks stop at the same iteration and the job ends by itself.
  *
  * At the end rank 0 prints the operation counts (summed over ranks) and, when the
- * BTL's MPI_T variable btl_ofi_rcache_stats exists, its counters.
+ * BTL's MPI_T variables btl_ofi_rcache_* exist, its counters over the run.
  * Options: --seconds S (default 20, 6 with --quick), --threads T, --mem-threads M,
  * --rma, --big, --expect-evictions (FAIL unless the registration cache evicted at least
  * once on some rank), --expect-uncached (FAIL unless some registration bypassed the
@@ -349,24 +349,26 @@ static void rma_rounds(MPI_Comm c, double t0, int *rounds)
     }
 }
 
+/* our BTL's registration-cache counters (MPI_T performance variables), bound in main */
+static const char *const rc_names[7] = { "btl_ofi_rcache_hits",     "btl_ofi_rcache_misses",
+                                         "btl_ofi_rcache_invalidations", "btl_ofi_rcache_evictions",
+                                         "btl_ofi_rcache_uncached", "btl_ofi_rcache_live_entries",
+                                         "btl_ofi_rcache_live_bytes" };
+static t_pvars_t rc_vars;
+static int have_rc;
+
 static int read_rcache(long *evictions, long *uncached, char *buf, size_t len)
 {
-    int idx, cnt;
-    MPI_T_cvar_handle h;
+    unsigned long long v[7] = { 0 };
     buf[0] = 0;
-    if (MPI_T_cvar_get_index("btl_ofi_rcache_stats", &idx) != MPI_SUCCESS)
+    if (!have_rc)
         return -1;
-    if (MPI_T_cvar_handle_alloc(idx, NULL, &h, &cnt) != MPI_SUCCESS)
-        return -1;
-    char tmp[1024] = "";
-    MPI_T_cvar_read(h, tmp);
-    MPI_T_cvar_handle_free(&h);
-    snprintf(buf, len, "%s", tmp);
-    const char *e = strstr(tmp, "evictions ");
-    const char *u = strstr(tmp, "uncached ");
-    *evictions = e ? atol(e + 10) : -1;
-    *uncached = u ? atol(u + 9) : -1;
-    return e && u ? 0 : -1;
+    t_pvars_read(&rc_vars, v);
+    snprintf(buf, len, "hits %llu misses %llu invalidations %llu evictions %llu uncached %llu live entries %llu live "
+             "bytes %llu", v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+    *evictions = (long)v[3];
+    *uncached = (long)v[4];
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -383,6 +385,9 @@ int main(int argc, char **argv)
     if (nthreads < 1 || nthreads > 8 || nmem < 0 || nmem > 8)
         t_fail("--threads 1..8, --mem-threads 0..8");
     t_section("setup");
+    int tprov;
+    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &tprov));
+    have_rc = t_pvars_open(&rc_vars, rc_names, 7);
     MPI_Comm comms[8], rcomm;
     for (int t = 0; t < nthreads; t++)
         T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comms[t]));
@@ -431,8 +436,6 @@ int main(int argc, char **argv)
     if (t_opt_flag("require-brk-shrink") && sum[C_BRK_SHRINK] == 0)
         t_fail("brk never went down: %s", line);
 
-    int tprov;
-    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &tprov));
     long ev[2] = { -1, -1 }, maxev[2] = { -1, -1 };
     char rc[1024];
     int have = read_rcache(&ev[0], &ev[1], rc, sizeof(rc)) == 0;
@@ -441,13 +444,14 @@ int main(int argc, char **argv)
     T_CHECK_MPI(MPI_Allreduce(ev, maxev, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD));
     if (t_opt_flag("expect-evictions") && maxev[0] <= 0)
         t_fail("--expect-evictions: the registration cache evicted nothing on any rank (here: %s)",
-               have ? rc : "btl_ofi_rcache_stats not found: is our BTL loaded?");
+               have ? rc : "btl_ofi_rcache_* not found: is our BTL loaded?");
     if (t_opt_flag("expect-uncached") && maxev[1] <= 0)
         t_fail("--expect-uncached: no registration bypassed the cache on any rank (here: %s)",
-               have ? rc : "btl_ofi_rcache_stats not found: is our BTL loaded?");
+               have ? rc : "btl_ofi_rcache_* not found: is our BTL loaded?");
     for (int t = 0; t < nthreads; t++)
         T_CHECK_MPI(MPI_Comm_free(&comms[t]));
     T_CHECK_MPI(MPI_Comm_free(&rcomm));
+    t_pvars_close(&rc_vars);
     MPI_T_finalize();
     return t_pass();
 }

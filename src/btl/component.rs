@@ -47,6 +47,7 @@ extern "C" fn register() -> i32 {
         *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
         common::register_params(component_ptr());
         super::register_base_params();
+        super::stats::register();
         sys::OPAL_SUCCESS
     })
 }

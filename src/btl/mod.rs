@@ -4,13 +4,15 @@
 //! `component` is the exported component, `module` builds the module (provider
 //! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
 //! atomics and memory registration, `amo` atomics emulated with active messages for
-//! providers without them, `rcache` the registration cache.
+//! providers without them, `rcache` the registration cache, `stats` its counters and
+//! the RDMA counters as MPI_T performance variables.
 pub mod am;
 pub mod amo;
 pub mod component;
 pub mod module;
 pub mod rcache;
 pub mod rdma;
+pub mod stats;
 
 use ompi_sys as sys;
 

@@ -1583,7 +1583,7 @@ pub fn rcache_stats() -> Option<rcache::Stats> {
     unsafe { mp.as_ref() }.map(|m| lock(&m.st.rcache).stats())
 }
 
-/// The one-sided operations posted by every running module (`btl_ofi_rdma_stats`).
+/// The one-sided operations posted by every running module (`btl_ofi_rdma_*`).
 pub fn op_counts() -> rdma::OpCounts {
     let mut c = [0u64; 5];
     for slot in &MODULES {
