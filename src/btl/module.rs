@@ -119,8 +119,14 @@ pub struct State {
     pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
     pub peers: Mutex<Vec<*mut PeerEp>>,
-    /// RDMA and atomic operations posted and not completed (flush waits for 0).
+    /// RDMA and atomic operations posted and not completed (flush waits for 0),
+    /// including those deferred in `rdma_deferred`.
     pub rdma_outstanding: AtomicUsize,
+    /// Gets and puts the provider refused with -FI_EAGAIN, posted again by progress,
+    /// in order (`rdma::post_deferred`).
+    pub rdma_deferred: Mutex<VecDeque<rdma::Deferred>>,
+    /// Mirrors `!rdma_deferred.is_empty()`; only written with it locked.
+    pub has_rdma_deferred: AtomicBool,
     /// Sends posted and not completed.
     pub send_outstanding: AtomicUsize,
     pub rcache: Mutex<Cache<MemoryRegion>>,
@@ -137,6 +143,8 @@ pub struct State {
     pub bad_fragments: AtomicU64,
     /// Operations posted: put, get, atomic_op, atomic_fop, atomic_cswap.
     pub ops: [AtomicU64; 5],
+    /// Gets and puts deferred on -FI_EAGAIN (`rdma::Deferred`).
+    pub rdma_deferrals: AtomicU64,
     pub next_key: AtomicU64,
     /// Dropped last: the shared domain (and, for the last user, the memory monitor).
     pub domain: Option<DomainHandle>,
@@ -1107,6 +1115,8 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             recv_bufs: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
             rdma_outstanding: AtomicUsize::new(0),
+            rdma_deferred: Mutex::new(VecDeque::new()),
+            has_rdma_deferred: AtomicBool::new(false),
             send_outstanding: AtomicUsize::new(0),
             rcache_slots: Arc::clone(cache.slots()),
             rcache: Mutex::new(cache),
@@ -1117,6 +1127,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             cq_errors: AtomicU64::new(0),
             bad_fragments: AtomicU64::new(0),
             ops: Default::default(),
+            rdma_deferrals: AtomicU64::new(0),
             next_key: AtomicU64::new(1),
             domain: Some(domain),
         },
@@ -1194,6 +1205,9 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     if st.has_pending.load(Ordering::Relaxed) {
         am::drain_pending(mp);
     }
+    if st.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(mp);
+    }
     amo::retry_reads(mp);
     if st.ctxs.len() == 1 {
         total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
@@ -1208,6 +1222,9 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     }
     if total > 0 && st.has_pending.load(Ordering::Relaxed) {
         am::drain_pending(mp);
+    }
+    if total > 0 && st.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(mp);
     }
     total
 }
@@ -1509,8 +1526,8 @@ unsafe fn destroy(mp: *mut Module) {
     let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     log::info!(
         "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
-         {} received fragments dropped, {} assembled from pieces, {} sends and {} RDMA operations \
-         outstanding",
+         {} received fragments dropped, {} assembled from pieces, {} gets and puts deferred on \
+         -FI_EAGAIN, {} sends and {} RDMA operations outstanding",
         ops[0],
         ops[1],
         ops[2],
@@ -1519,6 +1536,7 @@ unsafe fn destroy(mp: *mut Module) {
         st.cq_errors.load(Ordering::Relaxed),
         st.bad_fragments.load(Ordering::Relaxed),
         st.assembled.load(Ordering::Relaxed),
+        st.rdma_deferrals.load(Ordering::Relaxed),
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );
@@ -1535,6 +1553,7 @@ unsafe fn destroy(mp: *mut Module) {
     let frags = std::mem::take(&mut *lock(&st.frags));
     let pending = std::mem::take(&mut *lock(&st.pending));
     let peers = std::mem::take(&mut *lock(&st.peers));
+    rdma::discard_deferred(st);
     lock(&st.rcache).clear();
     let State {
         ep,
@@ -1586,6 +1605,7 @@ pub fn rcache_stats() -> Option<rcache::Stats> {
 /// The one-sided operations posted by every running module (`btl_ofi_rdma_*`).
 pub fn op_counts() -> rdma::OpCounts {
     let mut c = [0u64; 5];
+    let mut deferred = 0;
     for slot in &MODULES {
         let mp = slot.load(Ordering::Acquire);
         // SAFETY: mp is null or live.
@@ -1593,9 +1613,13 @@ pub fn op_counts() -> rdma::OpCounts {
             for (sum, n) in c.iter_mut().zip(&m.st.ops) {
                 *sum += n.load(Ordering::Relaxed);
             }
+            deferred += m.st.rdma_deferrals.load(Ordering::Relaxed);
         }
     }
-    rdma::OpCounts::from(c)
+    rdma::OpCounts {
+        deferred,
+        ..rdma::OpCounts::from(c)
+    }
 }
 
 /// The registration of a handle we returned (local use only).

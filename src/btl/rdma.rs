@@ -273,6 +273,9 @@ pub struct OpCounts {
     pub fetching_atomics: u64,
     /// `btl_atomic_cswap`.
     pub cswaps: u64,
+    /// Gets and puts the provider refused with -FI_EAGAIN and progress posted later
+    /// ([`Deferred`]).
+    pub deferred: u64,
 }
 
 impl From<[u64; 5]> for OpCounts {
@@ -284,6 +287,7 @@ impl From<[u64; 5]> for OpCounts {
             atomics: c[2],
             fetching_atomics: c[3],
             cswaps: c[4],
+            deferred: 0,
         }
     }
 }
@@ -313,13 +317,16 @@ pub(super) struct Req {
 }
 
 /// Prepare an operation context, post it with `post(op, desc, dest, raddr, key)`,
-/// retrying once after progress on -FI_EAGAIN (then OUT_OF_RESOURCE: the caller retries).
+/// retrying once after progress on -FI_EAGAIN. Then a get or a put of one write
+/// (`defer`: its direction) is deferred to progress ([`Deferred`]); anything else
+/// returns OUT_OF_RESOURCE, and the caller retries.
 fn run(
     r: Req,
     kind: usize,
     local_len: usize,
     operand: u64,
     compare: u64,
+    defer: Option<Dir>,
     post: impl Fn(&State, *mut RdmaOp, *mut c_void, fi::fi_addr_t, u64, u64) -> Result<(), Error>,
 ) -> c_int {
     // SAFETY: mp is our module.
@@ -366,10 +373,30 @@ fn run(
         part_err: AtomicI32::new(0),
     }));
     st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let deferred = |dir| Deferred {
+        op,
+        dir,
+        local: r.local_address,
+        len: local_len,
+        desc,
+        dest,
+        raddr,
+        key: rh.key,
+    };
+    // Behind operations already deferred, in order.
+    if let Some(dir) = defer.filter(|_| st.has_rdma_deferred.load(Ordering::Relaxed)) {
+        defer_op(st, deferred(dir), false);
+        st.ops[kind].fetch_add(1, Ordering::Relaxed);
+        return sys::OPAL_SUCCESS;
+    }
     let mut res = post(st, op, desc, dest, raddr, rh.key);
     if res == Err(Error::AGAIN) {
         progress_module(r.mp);
         res = post(st, op, desc, dest, raddr, rh.key);
+    }
+    if let (Err(Error::AGAIN), Some(dir)) = (res, defer) {
+        defer_op(st, deferred(dir), false);
+        res = Ok(());
     }
     match res {
         Ok(()) => {
@@ -391,6 +418,93 @@ fn run(
                 log::warn!("posting an RDMA/atomic operation on {}: {e}", st.provider);
                 e.to_opal()
             }
+        }
+    }
+}
+
+/// A get, or a put of one write, that the provider refused with -FI_EAGAIN: posted
+/// again from progress ([`post_deferred`]), in order, and completed through its
+/// callback like any other.
+///
+/// Returning OUT_OF_RESOURCE instead is correct but costly with ob1: Open MPI 4.1.4's
+/// ob1 has no RDMA retry (`rdma_retries_limit` is 0), so a refused get makes it send
+/// that message by copy instead. And a get ob1 posts from its callback for an
+/// arriving rendezvous header runs inside this module's progress, which cannot run
+/// again to make room: on shm, 1 MiB messages streamed 16 at a time met -FI_EAGAIN on
+/// about 9 gets in 10, at one read in flight, and went by copy at 6 GB/s.
+pub struct Deferred {
+    op: *mut RdmaOp,
+    dir: Dir,
+    local: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    dest: fi::fi_addr_t,
+    raddr: u64,
+    key: u64,
+}
+
+/// Queue `d` (at the front: `front`, when it was the queue's head).
+fn defer_op(st: &State, d: Deferred, front: bool) {
+    let mut q = lock(&st.rdma_deferred);
+    if front {
+        q.push_front(d);
+    } else {
+        st.rdma_deferrals.fetch_add(1, Ordering::Relaxed);
+        q.push_back(d);
+    }
+    st.has_rdma_deferred.store(true, Ordering::Relaxed);
+}
+
+/// Post the deferred operations of module `mp` in order, until the provider refuses
+/// one again. Called from the module's progress (serialized); an operation that
+/// fails otherwise completes through its callback with the error.
+pub(super) fn post_deferred(mp: *mut Module) {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    loop {
+        let Some(d) = ({
+            let mut q = lock(&st.rdma_deferred);
+            let d = q.pop_front();
+            if q.is_empty() {
+                st.has_rdma_deferred.store(false, Ordering::Relaxed);
+            }
+            d
+        }) else {
+            return;
+        };
+        // SAFETY: the operation's buffers and regions stay valid until its completion
+        // (the BTL contract), and op is ours until then.
+        let res = st.fi(|| unsafe {
+            rma(
+                st, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
+            )
+        });
+        match res {
+            Ok(()) => {}
+            Err(Error::AGAIN) => {
+                defer_op(st, d, true);
+                return;
+            }
+            Err(e) => {
+                log::warn!("posting a deferred RDMA operation on {}: {e}", st.provider);
+                // SAFETY: never posted: ours to complete, once.
+                unsafe { rdma_complete(mp, ctx_of(d.op), e.0.abs()) };
+            }
+        }
+    }
+}
+
+/// Free the deferred operations of a module being destroyed (Open MPI no longer
+/// waits for their callbacks).
+pub(super) fn discard_deferred(st: &State) {
+    let q = std::mem::take(&mut *lock(&st.rdma_deferred));
+    st.has_rdma_deferred.store(false, Ordering::Relaxed);
+    for d in q {
+        // SAFETY: never posted: the operation is ours.
+        let op = unsafe { Box::from_raw(d.op) };
+        if !op.temp.is_null() {
+            // SAFETY: a registration made for this operation only.
+            unsafe { deregister(st, op.temp) };
         }
     }
 }
@@ -444,7 +558,8 @@ pub(crate) extern "C" fn btl_put(
             // SAFETY: mp is our module; the rest is the caller's put.
             return unsafe { super::amo::put_by_read(r, size) };
         }
-        run(r, 0, size, 0, 0, |st, op, desc, dest, raddr, key| {
+        let defer = (size <= st.write_max).then_some(Dir::Write);
+        run(r, 0, size, 0, 0, defer, |st, op, desc, dest, raddr, key| {
             if size > st.write_max {
                 // SAFETY: as for one write, below.
                 return unsafe {
@@ -623,22 +738,30 @@ pub(crate) extern "C" fn btl_get(
             cbcontext,
             cbdata,
         };
-        run(r, 1, size, 0, 0, |st, op, desc, dest, raddr, key| {
-            // SAFETY: as in put.
-            st.fi(|| unsafe {
-                rma(
-                    st,
-                    Dir::Read,
-                    local_address,
-                    size,
-                    desc,
-                    dest,
-                    raddr,
-                    key,
-                    op,
-                )
-            })
-        })
+        run(
+            r,
+            1,
+            size,
+            0,
+            0,
+            Some(Dir::Read),
+            |st, op, desc, dest, raddr, key| {
+                // SAFETY: as in put.
+                st.fi(|| unsafe {
+                    rma(
+                        st,
+                        Dir::Read,
+                        local_address,
+                        size,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        op,
+                    )
+                })
+            },
+        )
     })
 }
 
@@ -700,61 +823,69 @@ pub(crate) extern "C" fn btl_atomic_op(
             cbcontext,
             cbdata,
         };
-        run(r, 2, 0, operand, 0, |st, o, _desc, dest, raddr, key| {
-            // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
-            // are the 32-bit value) until the completion.
-            let buf = unsafe { &raw const (*o).operand } as *const c_void;
-            st.fi(|| {
-                // SAFETY: the operand lives in the op until the completion; the endpoint
-                // is open and calls are serialised by fi.
-                posted(unsafe {
-                    if st.delivery {
-                        // Like a put, a non-fetching atomic completes when it has been
-                        // applied at the target (osc rdma flushes and unlocks on it).
-                        let ioc = fi::fi_ioc {
-                            addr: buf as *mut c_void,
-                            count: 1,
-                        };
-                        let rma = fi::fi_rma_ioc {
-                            addr: raddr,
-                            count: 1,
-                            key,
-                        };
-                        let mut desc: *mut c_void = ptr::null_mut();
-                        let msg = fi::fi_msg_atomic {
-                            msg_iov: &ioc,
-                            desc: &mut desc,
-                            iov_count: 1,
-                            addr: dest,
-                            rma_iov: &rma,
-                            rma_iov_count: 1,
-                            datatype: dt,
-                            op: fop,
-                            context: ctx_of(o),
-                            data: 0,
-                        };
-                        fi::fi_atomicmsg(
-                            st.tx().as_ptr(),
-                            &msg,
-                            (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
-                        )
-                    } else {
-                        fi::fi_atomic(
-                            st.tx().as_ptr(),
-                            buf,
-                            1,
-                            ptr::null_mut(),
-                            dest,
-                            raddr,
-                            key,
-                            dt,
-                            fop,
-                            ctx_of(o),
-                        )
-                    }
+        run(
+            r,
+            2,
+            0,
+            operand,
+            0,
+            None,
+            |st, o, _desc, dest, raddr, key| {
+                // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
+                // are the 32-bit value) until the completion.
+                let buf = unsafe { &raw const (*o).operand } as *const c_void;
+                st.fi(|| {
+                    // SAFETY: the operand lives in the op until the completion; the endpoint
+                    // is open and calls are serialised by fi.
+                    posted(unsafe {
+                        if st.delivery {
+                            // Like a put, a non-fetching atomic completes when it has been
+                            // applied at the target (osc rdma flushes and unlocks on it).
+                            let ioc = fi::fi_ioc {
+                                addr: buf as *mut c_void,
+                                count: 1,
+                            };
+                            let rma = fi::fi_rma_ioc {
+                                addr: raddr,
+                                count: 1,
+                                key,
+                            };
+                            let mut desc: *mut c_void = ptr::null_mut();
+                            let msg = fi::fi_msg_atomic {
+                                msg_iov: &ioc,
+                                desc: &mut desc,
+                                iov_count: 1,
+                                addr: dest,
+                                rma_iov: &rma,
+                                rma_iov_count: 1,
+                                datatype: dt,
+                                op: fop,
+                                context: ctx_of(o),
+                                data: 0,
+                            };
+                            fi::fi_atomicmsg(
+                                st.tx().as_ptr(),
+                                &msg,
+                                (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
+                            )
+                        } else {
+                            fi::fi_atomic(
+                                st.tx().as_ptr(),
+                                buf,
+                                1,
+                                ptr::null_mut(),
+                                dest,
+                                raddr,
+                                key,
+                                dt,
+                                fop,
+                                ctx_of(o),
+                            )
+                        }
+                    })
                 })
-            })
-        })
+            },
+        )
     })
 }
 
@@ -792,30 +923,38 @@ pub(crate) extern "C" fn btl_atomic_fop(
             cbcontext,
             cbdata,
         };
-        run(r, 3, width, operand, 0, |st, o, desc, dest, raddr, key| {
-            // SAFETY: operand in the op, result in the caller's registered buffer; both
-            // live until the completion.
-            let buf = unsafe { &raw const (*o).operand } as *const c_void;
-            st.fi(|| {
-                // SAFETY: see above; the endpoint is open and calls are serialised by fi.
-                posted(unsafe {
-                    fi::fi_fetch_atomic(
-                        st.tx().as_ptr(),
-                        buf,
-                        1,
-                        ptr::null_mut(),
-                        local_address,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        dt,
-                        fop,
-                        ctx_of(o),
-                    )
+        run(
+            r,
+            3,
+            width,
+            operand,
+            0,
+            None,
+            |st, o, desc, dest, raddr, key| {
+                // SAFETY: operand in the op, result in the caller's registered buffer; both
+                // live until the completion.
+                let buf = unsafe { &raw const (*o).operand } as *const c_void;
+                st.fi(|| {
+                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
+                    posted(unsafe {
+                        fi::fi_fetch_atomic(
+                            st.tx().as_ptr(),
+                            buf,
+                            1,
+                            ptr::null_mut(),
+                            local_address,
+                            desc,
+                            dest,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx_of(o),
+                        )
+                    })
                 })
-            })
-        })
+            },
+        )
     })
 }
 
@@ -859,6 +998,7 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             width,
             value,
             compare,
+            None,
             |st, o, desc, dest, raddr, key| {
                 // SAFETY: value and compare live in the op, the result in the caller's
                 // registered buffer, until the completion.

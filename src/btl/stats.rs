@@ -99,6 +99,12 @@ const PVARS: &[Pvar] = &[
         value: |_, o| o.fetching_atomics,
     },
     Pvar {
+        name: "rdma_deferred",
+        class: COUNTER,
+        help: "Gets and puts the provider refused with -FI_EAGAIN, queued and posted again by progress (ob1 would otherwise send the message by copy)",
+        value: |_, o| o.deferred,
+    },
+    Pvar {
         name: "rdma_cswaps",
         class: COUNTER,
         help: "Compare-and-swaps posted through the BTL (btl_atomic_cswap)",
@@ -189,10 +195,11 @@ mod tests {
             gets: 9,
             atomics: 10,
             fetching_atomics: 11,
-            cswaps: 12,
+            cswaps: 13,
+            deferred: 12,
         };
         let got: Vec<u64> = PVARS.iter().map(|p| (p.value)(&rc, &ops)).collect();
-        assert_eq!(got, (1..=12).collect::<Vec<u64>>());
+        assert_eq!(got, (1..=13).collect::<Vec<u64>>());
         let names: Vec<String> = names().collect();
         let readme = include_str!("../../README.md");
         for n in &names {
