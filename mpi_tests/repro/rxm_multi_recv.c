@@ -19,8 +19,9 @@
  * rxm's 16 KiB eager buffers) failed 4 runs of 4 ("SHORT: message 7 has 65544 bytes,
  * its header says 64", "CORRUPT: message #1 of sender 3 (at offset 131088 of its
  * buffer), byte 64": a small message written over a large one); at 8000 bytes it
- * passed 2 of 2. (Written for tcp;ofi_rxm only: it crashes inside libfabric on shm,
- * untried why; the BTL's multi-receive buffers pass every test there.)
+ * passed 2 of 2. (Written for tcp;ofi_rxm only: on shm its fi_setopt before fi_enable
+ * crashes inside libfabric 1.17; shm's own multi-receive problem is
+ * shm_multi_recv_unexp.c.)
  */
 #include "repro.h"
 #include <signal.h>

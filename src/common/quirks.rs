@@ -66,12 +66,12 @@ pub struct Quirks {
     /// all. ob1 over the BTL on tcp;ofi_rxm hung in mpi_tests `collectives` at 4 ranks
     /// (Gather of 64 KiB fragments from three peers at once) in most runs, and
     /// mpi_tests/repro/rxm_multi_recv.c shows it without MPI.
-    /// shm 1.17's multi-receive buffers stall once many messages have arrived with no
-    /// buffer posted (its unexpected path): mpi_tests `many_posted` with 10,000 small
-    /// messages sent before the receiver posts hung under both components (ob1 over
-    /// vader passes; with one receive buffer per message both pass at 40,000, at the
-    /// same latency and bandwidth). The components then post one receive buffer per
-    /// message.
+    /// shm 1.17 refuses a multi-receive buffer with -FI_ENOMEM once it holds about
+    /// 1,024 unexpected messages (mpi_tests/repro/shm_multi_recv_unexp.c), and the
+    /// buffer is lost: mpi_tests `many_posted` with 10,000 small messages sent before
+    /// the receiver posts hung under both components (ob1 over vader passes; with one
+    /// receive buffer per message both pass at 40,000, at the same latency and
+    /// bandwidth). The components then post one receive buffer per message.
     pub multi_recv_unsafe: bool,
     /// Many small messages in flight at once break the provider: it delivers some out
     /// of order, cuts them to their first 16 bytes, or stalls (udp;ofi_rxd 1.17: our
