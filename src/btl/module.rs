@@ -1617,8 +1617,12 @@ pub fn op_counts() -> rdma::OpCounts {
         }
     }
     rdma::OpCounts {
+        puts: c[0],
+        gets: c[1],
+        atomics: c[2],
+        fetching_atomics: c[3],
+        cswaps: c[4],
         deferred,
-        ..rdma::OpCounts::from(c)
     }
 }
 

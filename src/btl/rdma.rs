@@ -278,31 +278,6 @@ pub struct OpCounts {
     pub deferred: u64,
 }
 
-impl From<[u64; 5]> for OpCounts {
-    /// In the order of `State::ops`.
-    fn from(c: [u64; 5]) -> OpCounts {
-        OpCounts {
-            puts: c[0],
-            gets: c[1],
-            atomics: c[2],
-            fetching_atomics: c[3],
-            cswaps: c[4],
-            deferred: 0,
-        }
-    }
-}
-
-/// For the verbose report at close.
-impl std::fmt::Display for OpCounts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "puts {} gets {} atomics {} fetching atomics {} compare-and-swaps {}",
-            self.puts, self.gets, self.atomics, self.fetching_atomics, self.cswaps
-        )
-    }
-}
-
 /// Everything an RDMA entry point receives, bundled.
 pub(super) struct Req {
     pub mp: *mut Module,
@@ -488,7 +463,7 @@ pub(super) fn post_deferred(mp: *mut Module) {
             Err(e) => {
                 log::warn!("posting a deferred RDMA operation on {}: {e}", st.provider);
                 // SAFETY: never posted: ours to complete, once.
-                unsafe { rdma_complete(mp, ctx_of(d.op), e.0.abs()) };
+                unsafe { rdma_complete(mp, ctx_of(d.op), e.0) };
             }
         }
     }
@@ -1035,18 +1010,4 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             },
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::OpCounts;
-
-    #[test]
-    fn op_counts_read_as_words() {
-        let c = OpCounts::from([1, 2, 3, 4, 5]);
-        assert_eq!(
-            c.to_string(),
-            "puts 1 gets 2 atomics 3 fetching atomics 4 compare-and-swaps 5"
-        );
-    }
 }
