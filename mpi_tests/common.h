@@ -245,11 +245,14 @@ static T_UNUSED int t_sizes_def(size_t *out, int max, const char *defspec)
     return n;
 }
 
+/* The default sizes; 8064 and 8065 straddle the largest eager message of the MTL's
+ * software matching on shm (two injects of 4096 bytes less their 64-byte headers). */
 static T_UNUSED int t_sizes(size_t *out, int max)
 {
     return t_sizes_def(out, max,
-                       t_opt_flag("big") ? "0,1,inject-1,inject,inject+1,8193,64K,65537,4M,64M"
-                                         : "0,1,inject-1,inject,inject+1,8193,64K,65537,4M");
+                       t_opt_flag("big")
+                           ? "0,1,inject-1,inject,inject+1,8064,8065,8193,64K,65537,4M,64M"
+                           : "0,1,inject-1,inject,inject+1,8064,8065,8193,64K,65537,4M");
 }
 
 /* ---------- memory and patterns ---------- */

@@ -1,7 +1,7 @@
 /*
  * probe: MPI_Probe, MPI_Iprobe, MPI_Mprobe, MPI_Improbe, MPI_Mrecv, MPI_Imrecv.
  *
- * For each size (0, 1, inject, inject+1, 12 KiB, 64 KiB, 4 MiB; --sizes overrides) and each
+ * For each size (0, 1, inject, inject+1, 6000, 12 KiB, 64 KiB, 4 MiB; --sizes overrides) and each
  * ordered pair of ranks (one pair at a time), the sender sends with MPI_Send / MPI_Isend
  * and the receiver probes with every flavour, checks the probe status (MPI_SOURCE,
  * MPI_TAG, MPI_Get_count, MPI_ERROR), then receives and checks status and every byte:
@@ -247,7 +247,7 @@ int main(int argc, char **argv)
     if (t_size < 2)
         t_fail("needs at least 2 ranks");
     /* Probe sizes default to a shorter list than p2p's. */
-    nsizes = t_sizes_def(sizes, 32, "0,1,inject,inject+1,12K,64K,4M");
+    nsizes = t_sizes_def(sizes, 32, "0,1,inject,inject+1,6000,12K,64K,4M");
     T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
     negative_and_procnull();
     for (int si = 0; si < nsizes; si++)

@@ -2,7 +2,7 @@
  * ssend: a synchronous send completes only once a matching receive has started.
  *
  * Ranks pair up (even -> odd, then odd -> even; with an odd rank count the last rank
- * sits out) and, for each receive kind and size (0, 8, inject+1, 12 KiB, 1 MiB):
+ * sits out) and, for each receive kind and size (0, 8, inject+1, 6000, 12 KiB, 1 MiB):
  *
  *  1. Blocking MPI_Ssend. The receiver sleeps (--delay ms, default 100) after a barrier,
  *     reads CLOCK_MONOTONIC just before its receive call and sends that time to the
@@ -194,7 +194,7 @@ int main(int argc, char **argv)
     t_init(&argc, &argv, prog_name);
     if (t_size < 2)
         t_fail("needs at least 2 ranks");
-    nsizes = t_sizes_def(sizes, 8, "0,8,inject+1,12K,1M");
+    nsizes = t_sizes_def(sizes, 8, "0,8,inject+1,6000,12K,1M");
     delay = (int)t_opt_long("delay", NULL, t_quick ? 20 : 100);
     idelay = (int)t_opt_long("idelay", NULL, t_quick ? 50 : 200);
     T_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

@@ -26,8 +26,8 @@ pub struct Quirks {
     /// `process_vm_readv` (with CMA) or through its segment buffers, 2.4 to 2.8 us one
     /// way at 4200 bytes on this project's virtual machine against 0.5 to 0.8 us for
     /// 4096 injected (`fi_pingpong -p shm`). The MTL's software matching sends its
-    /// eager messages there, and the BTL its fragments up to 16 KiB, as trains of
-    /// injects.
+    /// eager messages there (up to two injects; larger ones are read), and the BTL
+    /// its fragments up to 16 KiB, as trains of injects.
     pub send_past_inject_slow: bool,
     /// The provider's atomics crash it: osc rdma's atomics over udp;ofi_rxd 1.17
     /// segfault inside rxd's progress (`onesided` every run, `atomics` one run in four),

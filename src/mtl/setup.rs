@@ -469,34 +469,38 @@ pub fn init_module(
         // Matching in software relies on untagged messages from one peer completing in
         // the order they were sent. net keeps that at any size (it streams over one
         // socket), and its RMA reads are protocol exchanges of their own, so 64 KiB
-        // goes eagerly there. ofi_rxm completes a message past its eager size
-        // (rendezvous) after the smaller ones sent behind it, and shm reads with one
-        // process_vm_readv: 16 KiB.
-        // udp;ofi_rxd mixes up sends of more than one packet (common::quirks::
-        // Quirks::segments_unsafe; its reads are safe): there messages up to
-        // PIECES_EAGER_MAX go in pieces of one packet, larger ones are read, and a
-        // receive buffer holds one piece.
-        let one_packet_sends =
-            quirks.segments_unsafe && state.inject_size > 2 * super::softmatch::HDR_LEN;
-        let pieces_eager_max = if one_packet_sends {
-            super::softmatch::PIECES_EAGER_MAX
+        // goes eagerly there; ofi_rxm completes a message past its eager size
+        // (rendezvous) after the smaller ones sent behind it: 16 KiB.
+        // Where a send past the inject size is unsafe (udp;ofi_rxd mixes up sends of
+        // more than one packet, common::quirks::Quirks::segments_unsafe; its reads are
+        // safe) or slow (shm moves it with process_vm_readv: 3.9 us one way at 4 KiB
+        // on this project's virtual machine, against 1.2 to 1.5 us as two injects),
+        // eager messages longer than one inject go as trains of injects, and a receive
+        // buffer holds one of them. Past PIECES_EAGER_MAX (rxd) or two injects (shm)
+        // the receiver reads the message: on shm a read costs the same 3.2 to 3.5 us
+        // from 4 KiB to 16 KiB (one process_vm_readv), while each inject past the
+        // second adds 0.6 to 1 us (8,192 bytes 3.4 to 4.2 us, 12,244 5.1 to 5.9,
+        // 16,000 5.8 to 6.4 as pieces).
+        let pieces = (quirks.segments_unsafe || quirks.send_past_inject_slow)
+            && state.inject_size > 2 * super::softmatch::HDR_LEN;
+        let piece_max = if pieces {
+            state.inject_size.min(super::softmatch::PIECE_BUF)
         } else {
             0
         };
-        let bounce = if one_packet_sends {
-            state.inject_size.min(super::softmatch::PIECE_BUF)
+        let pieces_eager_max = if !pieces {
+            0
+        } else if quirks.segments_unsafe {
+            super::softmatch::PIECES_EAGER_MAX
+        } else {
+            2 * (piece_max - super::softmatch::HDR_LEN)
+        };
+        let bounce = if pieces {
+            piece_max
         } else if quirks.unexpected_stalls {
             super::softmatch::BOUNCE_LARGE
         } else {
             super::softmatch::BOUNCE_SMALL
-        };
-        // shm moves a send past its inject size with process_vm_readv: 3.9 us one
-        // way at 4 KiB on this project's virtual machine, against 1.2 to 1.5 us as
-        // two injects.
-        let piece_max = if quirks.send_past_inject_slow || one_packet_sends {
-            state.inject_size
-        } else {
-            0
         };
         // Multi-receive buffers where the endpoint has them and takes the minimum
         // free space: a largest message must always fit the rest of a buffer.
@@ -555,7 +559,7 @@ pub fn init_module(
     let soft_pieces = state
         .soft
         .as_ref()
-        .is_some_and(|s| s.pieces_of_one_packet());
+        .is_some_and(|s| s.eager_in_pieces());
     let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
@@ -581,7 +585,7 @@ pub fn init_module(
             if soft_pieces {
                 format!(
                     "{soft_buffers}, messages up to {soft_eager_max} bytes in pieces of one \
-                     packet, larger ones read from the sender"
+                     inject, larger ones read from the sender"
                 )
             } else {
                 format!(

@@ -12,8 +12,9 @@
 //!   synchronous send, since the receive was matched);
 //! - `ACK`: a synchronous eager send was matched.
 //! - `FRAG`: one piece of an eager message larger than the provider's inject size,
-//!   where a larger send is slow ([`SoftMatch::new`]'s `piece_max`) or unsafe
-//!   (`pieces_eager_max`, udp;ofi_rxd, where eager means up to [`PIECES_EAGER_MAX`]):
+//!   where a larger send is slow (shm, where eager means up to two injects) or unsafe
+//!   (udp;ofi_rxd, where eager means up to [`PIECES_EAGER_MAX`]) ([`SoftMatch::new`]'s
+//!   `piece_max` and `pieces_eager_max`):
 //!   every piece carries the envelope, the message's length, its offset and a
 //!   message id. The first piece to arrive matches a posted receive, and
 //!   the pieces are written straight into it; without one, the receiver assembles
@@ -47,8 +48,8 @@ pub const MULTI_COUNT: usize = 4;
 /// memory as [`BOUNCE_COUNT`] single buffers.
 pub const MULTI_SLOTS: usize = BOUNCE_COUNT / MULTI_COUNT;
 pub const HDR_LEN: usize = std::mem::size_of::<Hdr>();
-/// Bounce buffers where an RMA read is cheap (shm: a single `process_vm_readv`), so
-/// that messages above 16 KiB are read straight into the receive buffer.
+/// Bounce buffers where messages go whole (ofi_rxm under `mtl_ofi_matching=software`),
+/// so that messages above 16 KiB are read straight into the receive buffer.
 pub const BOUNCE_SMALL: usize = 16384;
 /// Bounce buffers where an RMA read is a protocol exchange of the provider's own
 /// (net): up to 64 KiB of payload goes eagerly, one message instead of RTS, read
@@ -333,11 +334,11 @@ pub struct SoftMatch {
     /// completion each (never inject), and a send waits while this many are in
     /// flight. 0: no limit.
     send_window: usize,
-    /// Where a send longer than one packet is unsafe
-    /// (`common::quirks::Quirks::segments_unsafe`): every eager message longer than a
-    /// piece goes in pieces, and this is the largest eager message (larger ones are
-    /// read by their receiver, which is safe there). 0: not so; the largest eager
-    /// message is what a bounce buffer holds.
+    /// Where eager messages longer than a piece go in pieces (a send longer than one
+    /// inject is unsafe, `common::quirks::Quirks::segments_unsafe`, or slow,
+    /// `send_past_inject_slow`), this is the largest eager message: larger ones are
+    /// read by their receiver. 0: not so; the largest eager message is what a bounce
+    /// buffer holds.
     pieces_eager_max: usize,
 }
 
@@ -502,9 +503,8 @@ impl SoftMatch {
     /// restore their order on arrival ([`Order`]), for a provider that may break it;
     /// `send_window`: at most this many small sends in flight, none injected (0: no
     /// limit), for a provider that many messages in flight break; `pieces_eager_max`:
-    /// for a provider that mixes up sends of more than one packet, send every eager
-    /// message larger than `piece_max` in pieces, eager messages being those up to
-    /// this size whatever the bounce buffers hold (0: not so).
+    /// with `piece_max`, eager messages are those up to this size whatever the bounce
+    /// buffers hold (0: what a bounce buffer holds).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         domain: Arc<Domain>,
@@ -590,9 +590,8 @@ impl SoftMatch {
         }
     }
 
-    /// Eager messages longer than a piece go in pieces of one packet, whatever the
-    /// provider's other limits (`pieces_eager_max`).
-    pub fn pieces_of_one_packet(&self) -> bool {
+    /// Eager messages longer than a piece go in pieces, up to `pieces_eager_max`.
+    pub fn eager_in_pieces(&self) -> bool {
         self.pieces_eager_max > 0
     }
 
