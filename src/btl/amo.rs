@@ -33,9 +33,9 @@
 use super::am;
 use super::module::{lock, Module};
 use super::rdma::{Handle, Registration};
+use crate::common::IdMap;
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
-use std::collections::HashMap;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
@@ -392,9 +392,9 @@ struct Pending {
 unsafe impl Send for Pending {}
 
 /// Registered ranges per (module, key): what a peer may target.
-type Ranges = HashMap<(usize, u64), Vec<(usize, usize)>>;
+type Ranges = IdMap<(usize, u64), Vec<(usize, usize)>>;
 
-static PENDING: Mutex<Option<HashMap<u64, Pending>>> = Mutex::new(None);
+static PENDING: Mutex<Option<IdMap<u64, Pending>>> = Mutex::new(None);
 /// Put requests whose read the provider pushed back on: (module, origin endpoint,
 /// request), retried by [`retry_reads`].
 static DEFERRED: Mutex<Vec<(usize, usize, PutRequest)>> = Mutex::new(Vec::new());
@@ -405,7 +405,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A registration handed to Open MPI (`register_mem`): peers may now target it.
 pub fn note_region(mp: *mut Module, key: u64, base: usize, len: usize) {
     lock(&REGIONS)
-        .get_or_insert_with(HashMap::new)
+        .get_or_insert_with(IdMap::default)
         .entry((mp as usize, key))
         .or_default()
         .push((base, len));
@@ -538,7 +538,7 @@ fn start(
         operand,
         compare,
     };
-    lock(&PENDING).get_or_insert_with(HashMap::new).insert(
+    lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
             mp,
@@ -749,7 +749,7 @@ pub(super) unsafe fn put_by_read(r: super::rdma::Req, size: usize) -> c_int {
         src: (local_address as u64).wrapping_sub(h.base),
         src_key: h.key,
     };
-    lock(&PENDING).get_or_insert_with(HashMap::new).insert(
+    lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
             mp,

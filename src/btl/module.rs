@@ -98,7 +98,7 @@ pub struct State {
     /// Message ids of pieces: a random per-process base, stepped by 2.
     pub next_piece_id: AtomicU64,
     /// Fragments arriving in pieces, by message id.
-    pub assembly: crate::common::sync::MaybeMutex<std::collections::HashMap<u64, am::Assembly>>,
+    pub assembly: crate::common::sync::MaybeMutex<crate::common::IdMap<u64, am::Assembly>>,
     /// Fragments assembled from pieces.
     pub assembled: AtomicU64,
     /// Payload bytes of a fragment (the module's max_send_size).
@@ -1095,7 +1095,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             },
             next_piece_id: AtomicU64::new(crate::common::random_odd()),
             assembly: crate::common::sync::MaybeMutex::new(
-                std::collections::HashMap::new(),
+                crate::common::IdMap::default(),
                 mpi_threads,
             ),
             assembled: AtomicU64::new(0),

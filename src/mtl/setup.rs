@@ -556,10 +556,7 @@ pub fn init_module(
         peers: Vec::new(),
     });
     let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
-    let soft_pieces = state
-        .soft
-        .as_ref()
-        .is_some_and(|s| s.eager_in_pieces());
+    let soft_pieces = state.soft.as_ref().is_some_and(|s| s.eager_in_pieces());
     let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
     datapath::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.

@@ -276,7 +276,7 @@ struct Lists {
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
     /// Messages in pieces, by message id.
-    partial: std::collections::HashMap<u64, Partial>,
+    partial: crate::common::IdMap<u64, Partial>,
 }
 
 impl Lists {
@@ -303,7 +303,7 @@ pub struct SoftMatch {
     /// Sends waiting for a FIN (rendezvous) or ACK (synchronous eager): token -> the
     /// kind expected. A FIN/ACK whose token is not here is rejected, never
     /// dereferenced: the token is a pointer, and it comes from the wire.
-    waiting: Mutex<std::collections::HashMap<u64, u32>>,
+    waiting: Mutex<crate::common::IdMap<u64, u32>>,
     /// Received messages rejected by [`Hdr::decode`] or the token check.
     pub rejected: AtomicU64,
     /// Held while one thread reads and dispatches completions.
@@ -362,9 +362,9 @@ struct Order {
     me: u64,
     /// The number of the next message to each destination address. Held across the
     /// post, so that the numbers go out in the order posted.
-    tx: Mutex<std::collections::HashMap<u64, u32>>,
+    tx: Mutex<crate::common::IdMap<u64, u32>>,
     /// Per sending process.
-    rx: Mutex<std::collections::HashMap<u64, Stream>>,
+    rx: Mutex<crate::common::IdMap<u64, Stream>>,
 }
 
 /// What a receiver knows of one sender's messages.
@@ -389,8 +389,9 @@ fn next_seq(n: u32) -> u32 {
 /// Where a numbered message stands against its sender's stream.
 #[derive(Debug, PartialEq, Eq)]
 enum Arrival {
-    /// The next message: match it now, then what was held behind it.
-    Next,
+    /// The next message: match it now, then what was held behind it (`held`: some
+    /// messages of that sender are held).
+    Next { held: bool },
     /// A later piece of a message already matched: add it now.
     Late,
     /// Ahead of a message still missing: held.
@@ -401,8 +402,8 @@ impl Order {
     fn new(me: u64) -> Order {
         Order {
             me,
-            tx: Mutex::new(std::collections::HashMap::new()),
-            rx: Mutex::new(std::collections::HashMap::new()),
+            tx: Mutex::new(crate::common::IdMap::default()),
+            rx: Mutex::new(crate::common::IdMap::default()),
         }
     }
 
@@ -428,7 +429,9 @@ impl Order {
         match (hdr.seq.wrapping_sub(st.next) as i32).cmp(&0) {
             std::cmp::Ordering::Equal => {
                 st.next = next_seq(st.next);
-                Arrival::Next
+                Arrival::Next {
+                    held: !st.held.is_empty(),
+                }
             }
             std::cmp::Ordering::Less => Arrival::Late,
             std::cmp::Ordering::Greater => {
@@ -526,11 +529,11 @@ impl SoftMatch {
                 Lists {
                     posted: VecDeque::new(),
                     unexpected: VecDeque::new(),
-                    partial: std::collections::HashMap::new(),
+                    partial: crate::common::IdMap::default(),
                 },
                 threads,
             ),
-            waiting: Mutex::new(std::collections::HashMap::new()),
+            waiting: Mutex::new(crate::common::IdMap::default()),
             rejected: AtomicU64::new(0),
             progress: crate::common::sync::Serial::new(threads),
             bounces: Vec::new(),
@@ -1387,8 +1390,11 @@ pub fn bounce_done(m: &Mtl, sm: &SoftMatch, bytes: &[u8]) {
     match order.arrive(&hdr, payload) {
         Arrival::Held => {}
         Arrival::Late => dispatch(m, sm, hdr, payload),
-        Arrival::Next => {
+        Arrival::Next { held } => {
             dispatch(m, sm, hdr, payload);
+            if !held {
+                return;
+            }
             while let Some(now) = order.release(hdr.src) {
                 for (h, p) in now {
                     dispatch(m, sm, h, &p);
@@ -1840,7 +1846,7 @@ mod tests {
         Lists {
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
-            partial: std::collections::HashMap::new(),
+            partial: crate::common::IdMap::default(),
         }
     }
 
@@ -1959,8 +1965,11 @@ mod tests {
             match o.arrive(&h, &p) {
                 Arrival::Held => {}
                 Arrival::Late => out.push((src, seq)),
-                Arrival::Next => {
+                Arrival::Next { held } => {
                     out.push((src, seq));
+                    if !held {
+                        continue;
+                    }
                     while let Some(now) = o.release(src) {
                         out.extend(now.iter().map(|(h, _)| (h.src, h.seq)));
                     }
