@@ -476,11 +476,8 @@ pub fn init_module(
         // safe) or slow (shm moves it with process_vm_readv: 3.9 us one way at 4 KiB
         // on this project's virtual machine, against 1.2 to 1.5 us as two injects),
         // eager messages longer than one inject go as trains of injects, and a receive
-        // buffer holds one of them. Past PIECES_EAGER_MAX (rxd) or two injects (shm)
-        // the receiver reads the message: on shm a read costs the same 3.2 to 3.5 us
-        // from 4 KiB to 16 KiB (one process_vm_readv), while each inject past the
-        // second adds 0.6 to 1 us (8,192 bytes 3.4 to 4.2 us, 12,244 5.1 to 5.9,
-        // 16,000 5.8 to 6.4 as pieces).
+        // buffer holds one of them. Past PIECES_EAGER_MAX (rxd) or
+        // SLOW_SEND_EAGER_INJECTS injects (shm) the receiver reads the message.
         let pieces = (quirks.segments_unsafe || quirks.send_past_inject_slow)
             && state.inject_size > 2 * super::softmatch::HDR_LEN;
         let piece_max = if pieces {
@@ -493,7 +490,7 @@ pub fn init_module(
         } else if quirks.segments_unsafe {
             super::softmatch::PIECES_EAGER_MAX
         } else {
-            2 * (piece_max - super::softmatch::HDR_LEN)
+            super::softmatch::SLOW_SEND_EAGER_INJECTS * (piece_max - super::softmatch::HDR_LEN)
         };
         let bounce = if pieces {
             piece_max

@@ -350,6 +350,13 @@ pub struct SoftMatch {
 /// against 99, and a 1 MiB stream 395 MB/s against 700 (the C MTL's 690 to 720).
 pub const PIECES_EAGER_MAX: usize = 8192;
 
+/// Injects per eager message at most where a send past the inject size is slow
+/// (`send_past_inject_slow`, shm): larger messages are read by their receiver. On shm
+/// a read costs 3.2 to 3.5 us one way at any size from 4 KiB to 16 KiB (one
+/// `process_vm_readv`), while each inject past the second adds 0.6 to 1 us (as pieces,
+/// 8,192 bytes took 3.4 to 4.2 us, 12,244 5.1 to 5.9, 16,000 5.8 to 6.4).
+pub const SLOW_SEND_EAGER_INJECTS: usize = 2;
+
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
 /// messages out of the order they were sent, though it promises `FI_ORDER_SAS`
 /// (`common::quirks::Quirks::reorders_messages`: udp;ofi_rxd 1.17, where an 8-byte
