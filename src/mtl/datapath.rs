@@ -1975,12 +1975,15 @@ fn fill_status(status: *mut sys::ompi_status_public_t, env: &Envelope, len: usiz
     if status.is_null() {
         return;
     }
+    // The PML passes the caller's own status: MPI_ERROR is left as the caller set it
+    // (MPI 3.1, 3.2.5: only the calls that return several statuses write it), as ob1's
+    // probes leave it.
     // SAFETY: the PML passes a valid status (or null, handled above).
     unsafe {
         (*status).MPI_SOURCE = env.source;
         (*status).MPI_TAG = env.tag;
-        (*status).MPI_ERROR = sys::MPI_SUCCESS as c_int;
         (*status)._ucount = len;
+        (*status)._cancelled = 0;
     }
 }
 
