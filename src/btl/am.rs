@@ -591,6 +591,11 @@ unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
         unsafe { super::amo::on_message(mp, tag, payload, len) };
         return;
     }
+    if st.one_sided && (tag == super::resolve::TAG_FIND || tag == super::resolve::TAG_FOUND) {
+        // SAFETY: as above.
+        unsafe { super::resolve::on_message(mp, tag, payload, len) };
+        return;
+    }
     // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic;
     // tag < MCA_BTL_TAG_MAX, its length (checked by AmHeader::decode).
     let trig = unsafe {
@@ -956,6 +961,31 @@ pub(crate) extern "C" fn btl_send(
     })
 }
 
+/// Post a message `sendi` has already packed: `attempt` again, with progress in
+/// between, while the provider pushes back. `sendi`'s success tells ob1 the message is
+/// sent, and the caller's `MPI_Send` returns on it; a message left in our queue would
+/// then wait for this process to call MPI again, which a program need not do. MPICH's
+/// `rma/mutex_bench_shared` hung that way (in about half of its runs over tcp): a rank
+/// sent the lock to the next one, the provider refused it while the connection to
+/// that peer was being made (rxm), and the rank then spun on `osc sm` atomics, which
+/// make no progress. The MTL posts the same way. Inside our own progress (a send from
+/// a callback) progress cannot run again, and `Err(AGAIN)` comes back: the caller
+/// queues the message, and that progress sends it before it returns.
+fn push_out<R>(mp: *mut Module, mut attempt: impl FnMut() -> Result<R, Error>) -> Result<R, Error> {
+    // SAFETY: mp is the live module.
+    let st = unsafe { &(*mp).st };
+    loop {
+        match attempt() {
+            Err(Error::AGAIN) if !st.in_progress.is_busy() => {
+                if progress_module(mp) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 pub(crate) extern "C" fn btl_sendi(
     btl: *mut sys::mca_btl_base_module_t,
     ep: *mut sys::mca_btl_base_endpoint_t,
@@ -1003,14 +1033,15 @@ pub(crate) extern "C" fn btl_sendi(
             }
             // SAFETY: endpoint came from add_procs.
             let dest = unsafe { (*(ep as *mut PeerEp)).addr };
-            // SAFETY: the first HDR + total bytes of b are written; inject copies them.
-            match st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
-            {
+            let sent = push_out(mp, || {
+                // SAFETY: the first HDR + total bytes of b are written; inject copies them.
+                st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
+            });
+            match sent {
                 Ok(()) => return sys::OPAL_SUCCESS,
                 Err(Error::AGAIN) => {
-                    // Already packed: queue a fragment holding the same bytes, sent in
-                    // order from progress.
-                    progress_module(mp);
+                    // Already packed, and inside our own progress: queue a fragment
+                    // holding the same bytes, sent in order when that progress ends.
                     let Some(f) = get_frag(st) else {
                         return sys::OPAL_ERR_OUT_OF_RESOURCE;
                     };
@@ -1051,16 +1082,19 @@ pub(crate) extern "C" fn btl_sendi(
             );
             write_header(f, tag);
         }
-        // SAFETY: f is primed with its header.
-        match unsafe { post(st, f) } {
+        let sent = push_out(mp, || {
+            // SAFETY: f is primed with its header (and stays ours on AGAIN).
+            unsafe { post(st, f) }
+        });
+        match sent {
             Ok(true) => {
                 put_frag(st, f);
                 sys::OPAL_SUCCESS
             }
             Ok(false) => sys::OPAL_SUCCESS,
             Err(Error::AGAIN) => {
-                progress_module(mp);
-                // Already packed: it goes out in order from progress.
+                // Already packed, inside our own progress: it goes out in order when
+                // that progress ends.
                 enqueue(st, f);
                 sys::OPAL_SUCCESS
             }

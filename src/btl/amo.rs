@@ -465,13 +465,18 @@ pub fn forget_module(mp: *mut Module) {
 }
 
 /// This process's name, which the target answers to.
-fn my_name() -> (u32, u32) {
+pub(super) fn my_name() -> (u32, u32) {
     crate::common::local_name().unwrap_or((0, 0))
 }
 
 /// Send `bytes` under `tag` to `ep`. The fragment is the BTL's; it is recycled at its
 /// completion.
-fn send(mp: *mut Module, ep: *mut sys::mca_btl_base_endpoint_t, tag: u8, bytes: &[u8]) -> c_int {
+pub(super) fn send(
+    mp: *mut Module,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    tag: u8,
+    bytes: &[u8],
+) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     let Some(f) = am::get_frag(st) else {
@@ -508,12 +513,28 @@ fn start(
     cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
     cbcontext: *mut c_void,
     cbdata: *mut c_void,
+    again: super::resolve::Again,
 ) -> c_int {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
         return super::rdma::UNSUPPORTED;
     }
     if endpoint.is_null() || remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
+    }
+    let mut r = super::rdma::Req {
+        mp: btl as *mut Module,
+        endpoint,
+        local_address,
+        local_handle,
+        remote_address,
+        remote_handle,
+        handle: Handle::default(),
+        cbfunc,
+        cbcontext,
+        cbdata,
+    };
+    if let Some(rc) = super::resolve::hold_if_stale(&mut r, again) {
+        return rc;
     }
     let width = if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
         4
@@ -525,8 +546,7 @@ fn start(
         return sys::OPAL_ERR_BAD_PARAM;
     }
     let mp = btl as *mut Module;
-    // SAFETY: the remote handle holds a Handle copied from the peer's registration.
-    let key = unsafe { ptr::read_unaligned(remote_handle as *const Handle) }.key;
+    let key = r.handle.key;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let req = Request {
         kind,
@@ -699,7 +719,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
 }
 
 /// The endpoint of process `origin` on module `mp`.
-fn origin_ep(mp: *mut Module, origin: (u32, u32)) -> Option<*mut super::module::PeerEp> {
+pub(super) fn origin_ep(mp: *mut Module, origin: (u32, u32)) -> Option<*mut super::module::PeerEp> {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     lock(&st.peers).iter().copied().find(|&pe| {
@@ -723,6 +743,7 @@ pub(super) unsafe fn put_by_read(r: super::rdma::Req, size: usize) -> c_int {
         local_handle,
         remote_address,
         remote_handle,
+        handle,
         cbfunc,
         cbcontext,
         cbdata,
@@ -732,8 +753,7 @@ pub(super) unsafe fn put_by_read(r: super::rdma::Req, size: usize) -> c_int {
     }
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
-    // SAFETY: the remote handle holds a Handle copied from the peer's registration.
-    let key = unsafe { ptr::read_unaligned(remote_handle as *const Handle) }.key;
+    let key = handle.key;
     let Some(reg) = super::rdma::register(st, local_address, size) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
@@ -823,10 +843,8 @@ fn on_put(mp: *mut Module, bytes: &[u8]) {
 /// back, answer with the error when it fails.
 fn read_for(mp: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
     let ctx = Box::into_raw(Box::new(PutRead { ep, id: req.id }));
-    let handle = Handle {
-        key: req.src_key,
-        base: 0,
-    };
+    // (src is already relative to the origin's registration.)
+    let handle = Handle::unchecked(req.src_key, 0);
     let rc = super::rdma::btl_get(
         mp as *mut sys::mca_btl_base_module_t,
         ep as *mut sys::mca_btl_base_endpoint_t,
@@ -914,7 +932,7 @@ pub(crate) extern "C" fn btl_atomic_op(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_op (am)", sys::OPAL_ERROR, || {
-        let Some(op) = Op::from_btl(op) else {
+        let Some(o) = Op::from_btl(op) else {
             return super::rdma::UNSUPPORTED;
         };
         start(
@@ -924,13 +942,14 @@ pub(crate) extern "C" fn btl_atomic_op(
             ptr::null_mut(),
             remote_address,
             remote_handle,
-            Kind::Op(op),
+            Kind::Op(o),
             flags,
             operand,
             0,
             cbfunc,
             cbcontext,
             cbdata,
+            super::resolve::Again::Op { op, operand, flags },
         )
     })
 }
@@ -951,7 +970,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_fop (am)", sys::OPAL_ERROR, || {
-        let Some(op) = Op::from_btl(op) else {
+        let Some(o) = Op::from_btl(op) else {
             return super::rdma::UNSUPPORTED;
         };
         start(
@@ -961,13 +980,14 @@ pub(crate) extern "C" fn btl_atomic_fop(
             local_handle,
             remote_address,
             remote_handle,
-            Kind::Fop(op),
+            Kind::Fop(o),
             flags,
             operand,
             0,
             cbfunc,
             cbcontext,
             cbdata,
+            super::resolve::Again::Fop { op, operand, flags },
         )
     })
 }
@@ -1002,6 +1022,11 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             cbfunc,
             cbcontext,
             cbdata,
+            super::resolve::Again::Cswap {
+                compare,
+                value,
+                flags,
+            },
         )
     })
 }

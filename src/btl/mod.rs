@@ -4,7 +4,8 @@
 //! `component` is the exported component, `module` builds the module (provider
 //! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
 //! atomics and memory registration, `amo` atomics emulated with active messages for
-//! providers without them, `rcache` the registration cache, `stats` its counters and
+//! providers without them, `resolve` re-targets operations whose remote handle does not cover them (an osc
+//! rdma race), `rcache` the registration cache, `stats` its counters and
 //! the RDMA counters as MPI_T performance variables.
 pub mod am;
 pub mod amo;
@@ -12,6 +13,7 @@ pub mod component;
 pub mod module;
 pub mod rcache;
 pub mod rdma;
+pub mod resolve;
 pub mod stats;
 
 use ompi_sys as sys;

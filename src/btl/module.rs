@@ -20,6 +20,7 @@ use super::am::{self, Frag, RecvBuf, HDR};
 use super::amo;
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
+use super::resolve;
 use crate::common::sync::{MaybeLock, Serial};
 use crate::common::{self, release, DomainHandle, DomainRequest};
 use crate::fabric::{
@@ -1209,6 +1210,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
         rdma::post_deferred(mp);
     }
     amo::retry_reads(mp);
+    resolve::reissue(mp);
     if st.ctxs.len() == 1 {
         total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
     } else {
@@ -1516,6 +1518,7 @@ unsafe fn destroy(mp: *mut Module) {
     // SAFETY: forwarded contract.
     let mut module = unsafe { Box::from_raw(mp) };
     amo::forget_module(mp);
+    resolve::forget_module(mp);
     let st = &mut module.st;
     st.closing.store(true, Ordering::Release);
     if let Some(id) = st.rcache_sub.take() {
@@ -1540,6 +1543,14 @@ unsafe fn destroy(mp: *mut Module) {
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );
+    let held = resolve::HELD_OPS.load(Ordering::Relaxed);
+    if held > 0 {
+        log::info!(
+            "{held} operations came with a remote handle not covering their target; the \
+             target had a registration covering {} of them (see btl/resolve.rs)",
+            resolve::FOUND_OPS.load(Ordering::Relaxed)
+        );
+    }
     if !st.per_ctx.is_empty() {
         let counts: Vec<u64> = st
             .per_ctx

@@ -272,6 +272,16 @@ impl<R> Cache<R> {
         Ok(Acquired::Cached(i, &e.reg))
     }
 
+    /// The registration of a valid entry covering `[base, base + len)`, without
+    /// taking a reference (the caller only reads what a peer needs to reach it).
+    pub fn find(&self, base: usize, len: usize) -> Option<&R> {
+        let end = base.saturating_add(len.max(1));
+        self.entries.iter().enumerate().find_map(|(i, e)| {
+            let e = e.as_ref()?;
+            (e.base <= base && end <= e.end && self.slots.is_valid(i)).then_some(&e.reg)
+        })
+    }
+
     /// A free slot index, evicting unused entries (least recently used first) until
     /// the count and byte bounds allow `bytes` more. `None` if it cannot.
     fn make_room(&mut self, bytes: u64) -> Option<usize> {
@@ -385,6 +395,26 @@ mod tests {
         c.release(i.unwrap());
         c.release(i.unwrap());
         assert_eq!(c.stats().live_entries, 1);
+    }
+
+    #[test]
+    fn find_returns_valid_covering_entries_only() {
+        let mut c = Cache::new(4, 0, true);
+        reg(&mut c, 0x50010, 100);
+        reg(&mut c, 0x52000, 8192);
+        assert_eq!(c.find(0x50ff0, 16), Some(&(0x50000, 0x1000)));
+        assert_eq!(c.find(0x53ff8, 8), Some(&(0x52000, 0x2000)));
+        // Straddles the end of the first entry; between the two; past the second.
+        assert_eq!(c.find(0x50ff8, 16), None);
+        assert_eq!(c.find(0x51000, 8), None);
+        assert_eq!(c.find(0x54000, 1), None);
+        c.slots().invalidate(0x52000, 1);
+        assert_eq!(c.find(0x53ff8, 8), None);
+        assert_eq!(
+            c.stats().hits,
+            0,
+            "find takes no reference and counts nothing"
+        );
     }
 
     #[test]

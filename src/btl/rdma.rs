@@ -18,6 +18,7 @@
 use super::am::{Ctx, Kind};
 use super::module::{lock, progress_module, Module, PeerEp, State};
 use super::rcache::{Acquired, Ticket};
+use super::resolve::Again;
 use crate::fabric::{Error, MemoryRegion};
 use crate::ompi::component::ffi_guard;
 use libfabric_sys as fi;
@@ -28,11 +29,91 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// What a peer needs to reach a registration (sent by value to peers).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Handle {
     pub key: u64,
     /// Subtracted from the target address: 0 with FI_MR_VIRT_ADDR, else the region base.
     pub base: u64,
+    /// The registered range `[start, end)`: an operation outside it holds a handle
+    /// that is not its target's (see `resolve`).
+    pub start: u64,
+    pub end: u64,
+    /// A checksum of the four words above: a handle read while someone rewrote it
+    /// (osc rdma's table of dynamic regions, see `resolve`) does not pass it.
+    pub check: u64,
+}
+
+impl Handle {
+    /// The handle of registration `mr` on a module that does (`virt`) or does not
+    /// address by virtual address.
+    pub fn of(mr: &MemoryRegion, virt: bool) -> Handle {
+        let start = mr.addr() as u64;
+        Handle::sealed(
+            mr.key().unwrap_or(0),
+            if virt { 0 } else { start },
+            start,
+            start.saturating_add(mr.len() as u64),
+        )
+    }
+
+    /// Read a handle from memory another process may be rewriting as we read (osc
+    /// rdma's table of dynamic regions, see `resolve`): exactly once, with one
+    /// volatile read, so that the compiler cannot read it again for a later use and
+    /// see other bytes than the ones checked. `p` need not be aligned.
+    ///
+    /// # Safety
+    /// `p` points to `size_of::<Handle>()` readable bytes.
+    pub unsafe fn read_once(p: *const u8) -> Handle {
+        const N: usize = std::mem::size_of::<Handle>();
+        // SAFETY: caller's contract; [u8; N] has alignment 1.
+        let b: [u8; N] = unsafe { ptr::read_volatile(p as *const [u8; N]) };
+        let w = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Handle {
+            key: w(0),
+            base: w(1),
+            start: w(2),
+            end: w(3),
+            check: w(4),
+        }
+    }
+
+    /// A handle for a range not checked on this side (the target checks it).
+    pub fn unchecked(key: u64, base: u64) -> Handle {
+        Handle::sealed(key, base, 0, u64::MAX)
+    }
+
+    /// A handle with its checksum.
+    pub fn sealed(key: u64, base: u64, start: u64, end: u64) -> Handle {
+        let mut h = Handle {
+            key,
+            base,
+            start,
+            end,
+            check: 0,
+        };
+        h.check = h.sum();
+        h
+    }
+
+    fn sum(&self) -> u64 {
+        use std::hash::Hasher;
+        let mut h = crate::common::IdHasher::default();
+        // A seed, so that an all-zero handle (zeroed memory) does not pass.
+        h.write_u64(0x4f46_4948_414e_444c);
+        for w in [self.key, self.base, self.start, self.end] {
+            h.write_u64(w);
+        }
+        h.finish()
+    }
+
+    /// Is this a whole handle (not one torn by a concurrent rewrite) of a registration
+    /// covering `[addr, addr + len)`?
+    #[inline]
+    pub fn covers(&self, addr: u64, len: usize) -> bool {
+        addr >= self.start
+            && addr.saturating_add(len as u64) <= self.end
+            && self.check == self.sum()
+    }
 }
 
 /// What `register_mem` returns: the handle first, then what only the owner needs.
@@ -174,10 +255,7 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
     });
     let reg = match res {
         Ok(Acquired::Cached(i, mr)) => Registration {
-            handle: Handle {
-                key: mr.key().unwrap_or(0),
-                base: if virt { 0 } else { mr.addr() as u64 },
-            },
+            handle: Handle::of(mr, virt),
             desc: mr.desc(),
             base: base as usize,
             len,
@@ -185,10 +263,7 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
             own: None,
         },
         Ok(Acquired::Uncached(mr)) => Registration {
-            handle: Handle {
-                key: mr.key().unwrap_or(0),
-                base: if virt { 0 } else { mr.addr() as u64 },
-            },
+            handle: Handle::of(&mr, virt),
             desc: mr.desc(),
             base: base as usize,
             len,
@@ -279,6 +354,7 @@ pub struct OpCounts {
 }
 
 /// Everything an RDMA entry point receives, bundled.
+#[derive(Clone, Copy)]
 pub(super) struct Req {
     pub mp: *mut Module,
     pub endpoint: *mut sys::mca_btl_base_endpoint_t,
@@ -286,6 +362,9 @@ pub(super) struct Req {
     pub local_handle: *mut sys::mca_btl_base_registration_handle_t,
     pub remote_address: u64,
     pub remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    /// The remote handle as read, once, by `resolve::hold_if_stale`: the original may
+    /// change under us (see `resolve`).
+    pub handle: Handle,
     pub cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
     pub cbcontext: *mut c_void,
     pub cbdata: *mut c_void,
@@ -309,14 +388,9 @@ fn run(
     if r.endpoint.is_null() || r.remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    // SAFETY: the endpoint came from add_procs; the remote handle holds a Handle
-    // (copied from the peer's registration).
-    let (dest, rh) = unsafe {
-        (
-            (*(r.endpoint as *mut PeerEp)).addr,
-            ptr::read_unaligned(r.remote_handle as *const Handle),
-        )
-    };
+    // SAFETY: the endpoint came from add_procs.
+    let dest = unsafe { (*(r.endpoint as *mut PeerEp)).addr };
+    let rh = r.handle;
     let raddr = r.remote_address.wrapping_sub(rh.base);
     let dest = st.to(dest);
     let mut temp = ptr::null_mut();
@@ -515,17 +589,21 @@ pub(crate) extern "C" fn btl_put(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl put", sys::OPAL_ERROR, || {
-        let r = Req {
+        let mut r = Req {
             mp: btl as *mut Module,
             endpoint,
             local_address,
             local_handle,
             remote_address,
             remote_handle,
+            handle: Handle::default(),
             cbfunc,
             cbcontext,
             cbdata,
         };
+        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Put { size }) {
+            return rc;
+        }
         let mp = btl as *mut Module;
         // SAFETY: btl is our module.
         let st = unsafe { &(*mp).st };
@@ -705,17 +783,21 @@ pub(crate) extern "C" fn btl_get(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl get", sys::OPAL_ERROR, || {
-        let r = Req {
+        let mut r = Req {
             mp: btl as *mut Module,
             endpoint,
             local_address,
             local_handle,
             remote_address,
             remote_handle,
+            handle: Handle::default(),
             cbfunc,
             cbcontext,
             cbdata,
         };
+        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Get { size }) {
+            return rc;
+        }
         run(
             r,
             1,
@@ -790,17 +872,21 @@ pub(crate) extern "C" fn btl_atomic_op(
             return UNSUPPORTED;
         };
         let _ = bit;
-        let r = Req {
+        let mut r = Req {
             mp: btl as *mut Module,
             endpoint,
             local_address: ptr::null_mut(),
             local_handle: ptr::null_mut(),
             remote_address,
             remote_handle,
+            handle: Handle::default(),
             cbfunc,
             cbcontext,
             cbdata,
         };
+        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Op { op, operand, flags }) {
+            return rc;
+        }
         run(
             r,
             2,
@@ -890,17 +976,21 @@ pub(crate) extern "C" fn btl_atomic_fop(
         let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
             return UNSUPPORTED;
         };
-        let r = Req {
+        let mut r = Req {
             mp: btl as *mut Module,
             endpoint,
             local_address,
             local_handle,
             remote_address,
             remote_handle,
+            handle: Handle::default(),
             cbfunc,
             cbcontext,
             cbdata,
         };
+        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Fop { op, operand, flags }) {
+            return rc;
+        }
         run(
             r,
             3,
@@ -959,17 +1049,28 @@ pub(crate) extern "C" fn btl_atomic_cswap(
         if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
             return UNSUPPORTED;
         }
-        let r = Req {
+        let mut r = Req {
             mp: btl as *mut Module,
             endpoint,
             local_address,
             local_handle,
             remote_address,
             remote_handle,
+            handle: Handle::default(),
             cbfunc,
             cbcontext,
             cbdata,
         };
+        if let Some(rc) = super::resolve::hold_if_stale(
+            &mut r,
+            Again::Cswap {
+                compare,
+                value,
+                flags,
+            },
+        ) {
+            return rc;
+        }
         run(
             r,
             4,
