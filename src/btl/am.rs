@@ -13,7 +13,7 @@
 //! What it owns: fragments, receive buffers and the queue of sends that met
 //! `-FI_EAGAIN`. What it must not touch: provider setup (`module.rs`), RDMA.
 
-use super::module::{lock, progress_module, Module, PeerEp, State};
+use super::module::{lock, Module, PeerEp, State};
 use crate::fabric::{Error, MemoryRegion};
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -961,31 +961,19 @@ pub(crate) extern "C" fn btl_send(
     })
 }
 
-/// Post a message `sendi` has already packed: `attempt` again, with progress in
-/// between, while the provider pushes back. `sendi`'s success tells ob1 the message is
-/// sent, and the caller's `MPI_Send` returns on it; a message left in our queue would
-/// then wait for this process to call MPI again, which a program need not do. MPICH's
-/// `rma/mutex_bench_shared` hung that way (in about half of its runs over tcp): a rank
-/// sent the lock to the next one, the provider refused it while the connection to
-/// that peer was being made (rxm), and the rank then spun on `osc sm` atomics, which
-/// make no progress. The MTL posts the same way. Inside our own progress (a send from
-/// a callback) progress cannot run again, and `Err(AGAIN)` comes back: the caller
-/// queues the message, and that progress sends it before it returns.
-fn push_out<R>(mp: *mut Module, mut attempt: impl FnMut() -> Result<R, Error>) -> Result<R, Error> {
-    // SAFETY: mp is the live module.
-    let st = unsafe { &(*mp).st };
-    loop {
-        match attempt() {
-            Err(Error::AGAIN) if !st.in_progress.is_busy() => {
-                if progress_module(mp) == 0 {
-                    std::thread::yield_now();
-                }
-            }
-            other => return other,
-        }
-    }
-}
-
+/// Send a small message at once, or decline. When the provider pushes back
+/// (`-FI_EAGAIN`) it declines, and ob1 sends the message the regular way (`btl_send`, completion by callback). ob1
+/// packs for `sendi` from a convertor of its own, so nothing is lost by declining
+/// after packing. `sendi`'s success tells ob1 the message is sent, and the caller's
+/// `MPI_Send` returns on it: a message queued here instead would wait for this process
+/// to call MPI again, which a program need not do. MPICH's `rma/mutex_bench_shared`
+/// hung that way in 8 runs of 15 over tcp: a rank passed a lock on with `MPI_Send`,
+/// rxm refused the message while it connected to that peer, and the rank then spun on
+/// `osc sm` atomics, which make no progress. Declined, the `MPI_Send` waits for the
+/// message's completion instead (an `MPI_Isend` returns, its request incomplete).
+/// Retrying with progress inside `sendi` instead made each `MPI_Isend` of a flood wait
+/// for the provider (many_posted over net at 4 ranks stalled past its 30 s watchdog
+/// once in CI).
 pub(crate) extern "C" fn btl_sendi(
     btl: *mut sys::mca_btl_base_module_t,
     ep: *mut sys::mca_btl_base_endpoint_t,
@@ -1033,32 +1021,12 @@ pub(crate) extern "C" fn btl_sendi(
             }
             // SAFETY: endpoint came from add_procs.
             let dest = unsafe { (*(ep as *mut PeerEp)).addr };
-            let sent = push_out(mp, || {
-                // SAFETY: the first HDR + total bytes of b are written; inject copies them.
-                st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
-            });
-            match sent {
+            // SAFETY: the first HDR + total bytes of b are written; inject copies them.
+            match st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
+            {
                 Ok(()) => return sys::OPAL_SUCCESS,
-                Err(Error::AGAIN) => {
-                    // Already packed, and inside our own progress: queue a fragment
-                    // holding the same bytes, sent in order when that progress ends.
-                    let Some(f) = get_frag(st) else {
-                        return sys::OPAL_ERR_OUT_OF_RESOURCE;
-                    };
-                    // SAFETY: f has room for HDR + total bytes (total <= frag_payload).
-                    unsafe {
-                        ptr::copy_nonoverlapping(b, (*f).buf, HDR + total);
-                        prime(
-                            f,
-                            ep,
-                            order,
-                            flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
-                            total,
-                        );
-                    }
-                    enqueue(st, f);
-                    return sys::OPAL_SUCCESS;
-                }
+                // Never queued here: see the function's documentation.
+                Err(Error::AGAIN) => return busy(),
                 Err(e) => return e.to_opal(),
             }
         }
@@ -1082,21 +1050,27 @@ pub(crate) extern "C" fn btl_sendi(
             );
             write_header(f, tag);
         }
-        let sent = push_out(mp, || {
-            // SAFETY: f is primed with its header (and stays ours on AGAIN).
-            unsafe { post(st, f) }
-        });
-        match sent {
+        // SAFETY: f is primed with its header.
+        match unsafe { post(st, f) } {
             Ok(true) => {
                 put_frag(st, f);
                 sys::OPAL_SUCCESS
             }
             Ok(false) => sys::OPAL_SUCCESS,
             Err(Error::AGAIN) => {
-                // Already packed, inside our own progress: it goes out in order when
-                // that progress ends.
-                enqueue(st, f);
-                sys::OPAL_SUCCESS
+                // Never queued here: see the function's documentation. The fragment
+                // becomes the descriptor ob1 asked for (ob1 resets its convertor and
+                // packs into it again), as `btl_alloc` would have made it.
+                if descriptor.is_null() {
+                    put_frag(st, f);
+                } else {
+                    // SAFETY: f is ours, not posted; descriptor is a valid out pointer.
+                    unsafe {
+                        prime(f, ep, order, flags, total);
+                        *descriptor = &mut (*f).base;
+                    }
+                }
+                sys::OPAL_ERR_RESOURCE_BUSY
             }
             Err(e) => {
                 put_frag(st, f);

@@ -386,38 +386,30 @@ unsafe fn issue(held: &Held, handle: &Handle) -> c_int {
         let m = &*btl;
         let missing = sys::OPAL_ERR_NOT_SUPPORTED;
         match held.again {
-            Again::Put { size } => m.btl_put.map_or(missing, |f| {
-                f(
-                    btl,
-                    r.endpoint,
-                    r.local_address,
-                    r.remote_address,
-                    r.local_handle,
-                    h,
-                    size,
-                    0,
-                    order,
-                    r.cbfunc,
-                    r.cbcontext,
-                    r.cbdata,
-                )
-            }),
-            Again::Get { size } => m.btl_get.map_or(missing, |f| {
-                f(
-                    btl,
-                    r.endpoint,
-                    r.local_address,
-                    r.remote_address,
-                    r.local_handle,
-                    h,
-                    size,
-                    0,
-                    order,
-                    r.cbfunc,
-                    r.cbcontext,
-                    r.cbdata,
-                )
-            }),
+            Again::Put { size } | Again::Get { size } => {
+                // (The two entry points have the same signature.)
+                let entry = if matches!(held.again, Again::Put { .. }) {
+                    m.btl_put
+                } else {
+                    m.btl_get
+                };
+                entry.map_or(missing, |f| {
+                    f(
+                        btl,
+                        r.endpoint,
+                        r.local_address,
+                        r.remote_address,
+                        r.local_handle,
+                        h,
+                        size,
+                        0,
+                        order,
+                        r.cbfunc,
+                        r.cbcontext,
+                        r.cbdata,
+                    )
+                })
+            }
             Again::Op { op, operand, flags } => m.btl_atomic_op.map_or(missing, |f| {
                 f(
                     btl,

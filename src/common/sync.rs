@@ -126,12 +126,6 @@ impl Serial {
         }
     }
 
-    /// Is the section occupied (by this thread further up the stack, or another)?
-    #[inline]
-    pub fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Relaxed)
-    }
-
     /// Enter, or `None` when the section is already occupied.
     #[inline]
     pub fn try_enter(&self) -> Option<SerialGuard<'_>> {
