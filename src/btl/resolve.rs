@@ -173,11 +173,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// A held operation: its entry point's arguments and the handle it came with.
+/// A held operation: its entry point's arguments (`r.handle` is the handle it came
+/// with).
 struct Held {
     r: Req,
     again: Again,
-    had: Handle,
 }
 
 // SAFETY: the pointers are Open MPI's, valid for the operation's duration; an entry is
@@ -227,7 +227,7 @@ pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
     );
     lock(&HELD)
         .get_or_insert_with(IdMap::default)
-        .insert(id, Held { r: *r, again, had });
+        .insert(id, Held { r: *r, again });
     st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
     let req = Find {
         origin: amo::my_name(),
@@ -318,7 +318,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
             h
         }
         // Nothing there covers it: as it came, marked so that it is not held again.
-        None => Handle::unchecked(held.had.key, held.had.base),
+        None => Handle::unchecked(held.r.handle.key, held.r.handle.base),
     };
     lock(&READY).push((held, handle));
     HAS_READY.store(true, Ordering::Release);
