@@ -22,7 +22,7 @@ use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
 use super::resolve;
 use crate::common::sync::{MaybeLock, Serial};
-use crate::common::{self, release, DomainHandle, DomainRequest};
+use crate::common::{self, release, DomainHandle, DomainRequest, IdMap};
 use crate::fabric::{
     AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints, MemoryRegion,
 };
@@ -131,6 +131,10 @@ pub struct State {
     /// Sends posted and not completed.
     pub send_outstanding: AtomicUsize,
     pub rcache: Mutex<Cache<MemoryRegion>>,
+    /// Registrations made outside the cache (caching off, or full) and still live, by
+    /// the address of their `rdma::Registration`: find requests (`resolve`) look here
+    /// after the cache. Locked after `rcache`, never before.
+    pub outside: Mutex<IdMap<usize, rdma::Handle>>,
     /// The cache's release table, read by progress without the cache's mutex.
     pub rcache_slots: Arc<rcache::Slots>,
     pub rcache_sub: Option<release::SlotId>,
@@ -1121,6 +1125,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             send_outstanding: AtomicUsize::new(0),
             rcache_slots: Arc::clone(cache.slots()),
             rcache: Mutex::new(cache),
+            outside: Mutex::new(IdMap::default()),
             rcache_sub,
             error_cb: Mutex::new(None),
             in_progress: Serial::new(mpi_threads),

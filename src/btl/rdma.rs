@@ -278,7 +278,12 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
             return None;
         }
     };
-    Some(Box::into_raw(Box::new(reg)))
+    let outside = reg.own.is_some().then_some(reg.handle);
+    let r = Box::into_raw(Box::new(reg));
+    if let Some(h) = outside {
+        lock(&st.outside).insert(r as usize, h);
+    }
+    Some(r)
 }
 
 /// Give a registration back.
@@ -288,9 +293,14 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
 pub(super) unsafe fn deregister(st: &State, r: *mut Registration) {
     // SAFETY: caller's contract.
     let reg = unsafe { Box::from_raw(r) };
-    if let Ticket::Cached(i) = reg.ticket {
-        let closed = lock(&st.rcache).release(i);
-        drop(closed);
+    match reg.ticket {
+        Ticket::Cached(i) => {
+            let closed = lock(&st.rcache).release(i);
+            drop(closed);
+        }
+        Ticket::Uncached => {
+            lock(&st.outside).remove(&(r as usize));
+        }
     }
     drop(reg);
 }

@@ -16,11 +16,12 @@
 //! How: every [`Handle`] carries the range its registration covers. An operation
 //! (put, get or atomic, native or emulated) whose target range lies outside its handle
 //! is held here, and a find request (the target address and length) goes to the target
-//! as an active message. The target answers with the handle of a live registration in
-//! its cache that covers the range, or with none. The operation is then issued again,
-//! from progress, through the module's own entry point, with the handle found; if
-//! none was found, with the handle it had, and the provider decides as before. The
-//! normal path pays one comparison per operation.
+//! as an active message. The target answers with the handle of a live registration
+//! that covers the range (in its cache, or made outside it: `State::outside`), or with
+//! none. The operation is then issued again, from progress, through the module's own
+//! entry point, with the handle found; if none was found, it fails with
+//! `OPAL_ERR_PERM` (the target has no registration there, so no handle could reach
+//! it). The normal path pays one comparison and a 5-word hash per operation.
 //!
 //! Wire format (little-endian, after the 8-byte active-message header). Find: origin
 //! jobid u32, origin vpid u32, then id, address, length (u64 each): 32 bytes. Found: id
@@ -185,8 +186,9 @@ struct Held {
 unsafe impl Send for Held {}
 
 static HELD: Mutex<Option<IdMap<u64, Held>>> = Mutex::new(None);
-/// Operations answered and waiting to be issued again (with the handle to use).
-static READY: Mutex<Vec<(Held, Handle)>> = Mutex::new(Vec::new());
+/// Operations answered and waiting to be issued again with the handle found, or to
+/// fail (none found).
+static READY: Mutex<Vec<(Held, Option<Handle>)>> = Mutex::new(Vec::new());
 static HAS_READY: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Operations that were held, and of those, how many the target found a handle for.
@@ -274,9 +276,15 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
             return;
         };
         let handle = usize::try_from(req.len).ok().and_then(|n| {
-            lock(&st.rcache)
+            let cached = lock(&st.rcache)
                 .find(req.addr as usize, n)
-                .map(|mr| Handle::of(mr, st.virt_addr))
+                .map(|mr| Handle::of(mr, st.virt_addr));
+            cached.or_else(|| {
+                lock(&st.outside)
+                    .values()
+                    .find(|h| h.covers(req.addr, n))
+                    .copied()
+            })
         });
         let rep = Found { id: req.id, handle };
         let rc = amo::send(mp, ep as *mut _, TAG_FOUND, &rep.encode());
@@ -312,15 +320,21 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
                 h.key, h.start, h.end
             ))
     );
-    let handle = match rep.handle {
-        Some(h) => {
+    match rep.handle {
+        Some(_) => {
             FOUND_OPS.fetch_add(1, Ordering::Relaxed);
-            h
         }
-        // Nothing there covers it: as it came, marked so that it is not held again.
-        None => Handle::unchecked(held.r.handle.key, held.r.handle.base),
-    };
-    lock(&READY).push((held, handle));
+        None => {
+            log::warn!(
+                "a one-sided operation on {} addresses {:#x} ({} bytes) at its target, which \
+                 has no registration there: it fails",
+                st.provider,
+                held.r.remote_address,
+                held.again.target_len()
+            );
+        }
+    }
+    lock(&READY).push((held, rep.handle));
     HAS_READY.store(true, Ordering::Release);
 }
 
@@ -330,7 +344,7 @@ pub(super) fn reissue(mp: *mut Module) {
     if !HAS_READY.load(Ordering::Acquire) {
         return;
     }
-    let mine: Vec<(Held, Handle)> = {
+    let mine: Vec<(Held, Option<Handle>)> = {
         let mut q = lock(&READY);
         let (mine, rest): (Vec<_>, Vec<_>) = q.drain(..).partition(|(h, _)| h.r.mp == mp);
         *q = rest;
@@ -339,9 +353,16 @@ pub(super) fn reissue(mp: *mut Module) {
     };
     let mut it = mine.into_iter();
     while let Some((held, handle)) = it.next() {
-        // SAFETY: the operation's arguments are the caller's, valid until its
-        // callback; the handle lives across the call, which copies what it needs.
-        let rc = unsafe { issue(&held, &handle) };
+        let rc = match &handle {
+            // SAFETY: the operation's arguments are the caller's, valid until its
+            // callback; the handle lives across the call, which copies what it needs.
+            Some(h) => unsafe { issue(&held, h) },
+            // The access is to memory the target has not registered (or no longer
+            // has). Not to the provider: shm (1.17) never completes an access with an
+            // unknown key ("error processing command" at the target), so the origin
+            // would wait forever; tcp;ofi_rxm reports -FI_EACCES, which this matches.
+            None => sys::OPAL_ERR_PERM,
+        };
         if rc == sys::OPAL_ERR_OUT_OF_RESOURCE {
             let mut q = lock(&READY);
             q.push((held, handle));
