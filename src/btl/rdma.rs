@@ -286,6 +286,20 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
     Some(r)
 }
 
+/// The handle of a live registration of this module covering `[addr, addr + len)`:
+/// a cache entry, or one made outside the cache (a find request, `resolve`).
+pub(super) fn live_handle(st: &State, addr: u64, len: usize) -> Option<Handle> {
+    let cached = lock(&st.rcache)
+        .find(addr as usize, len)
+        .map(|mr| Handle::of(mr, st.virt_addr));
+    cached.or_else(|| {
+        lock(&st.outside)
+            .values()
+            .find(|h| h.covers(addr, len))
+            .copied()
+    })
+}
+
 /// Give a registration back.
 ///
 /// # Safety

@@ -32,7 +32,7 @@
 
 use super::amo;
 use super::module::{lock, Module};
-use super::rdma::{Handle, Req};
+use super::rdma::{self, Handle, Req};
 use crate::common::IdMap;
 use ompi_sys as sys;
 use std::os::raw::c_int;
@@ -275,17 +275,9 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
             );
             return;
         };
-        let handle = usize::try_from(req.len).ok().and_then(|n| {
-            let cached = lock(&st.rcache)
-                .find(req.addr as usize, n)
-                .map(|mr| Handle::of(mr, st.virt_addr));
-            cached.or_else(|| {
-                lock(&st.outside)
-                    .values()
-                    .find(|h| h.covers(req.addr, n))
-                    .copied()
-            })
-        });
+        let handle = usize::try_from(req.len)
+            .ok()
+            .and_then(|n| rdma::live_handle(st, req.addr, n));
         let rep = Found { id: req.id, handle };
         let rc = amo::send(mp, ep as *mut _, TAG_FOUND, &rep.encode());
         if rc != sys::OPAL_SUCCESS {
