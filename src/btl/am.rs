@@ -964,8 +964,9 @@ pub(crate) extern "C" fn btl_send(
 /// Send a small message at once, or decline. When the provider pushes back
 /// (`-FI_EAGAIN`) it declines, and ob1 sends the message the regular way (`btl_send`,
 /// completion by callback). ob1 packs for `sendi` from a convertor of its own, or
-/// resets its own after a decline, so nothing is lost by declining after packing. `sendi`'s success tells ob1 the message is sent, and the caller's
-/// `MPI_Send` returns on it: a message queued here instead would wait for this process
+/// resets its own after a decline, so nothing is lost by declining after packing.
+/// `sendi`'s success tells ob1 the message is sent, and the caller's `MPI_Send`
+/// returns on it: a message queued here instead would wait for this process
 /// to call MPI again, which a program need not do. MPICH's `rma/mutex_bench_shared`
 /// hung that way in 8 runs of 15 over tcp: a rank passed a lock on with `MPI_Send`,
 /// rxm refused the message while it connected to that peer, and the rank then spun on

@@ -278,7 +278,7 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
             return None;
         }
     };
-    let outside = reg.own.is_some().then_some(reg.handle);
+    let outside = (reg.ticket == Ticket::Uncached).then_some(reg.handle);
     let r = Box::into_raw(Box::new(reg));
     if let Some(h) = outside {
         lock(&st.outside).insert(r as usize, h);
