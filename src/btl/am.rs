@@ -580,7 +580,7 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
 /// # Safety
 /// `mp` is the live module; `payload` points to `len` received bytes of one of our
 /// receive buffers, which stays ours (not reposted) until this returns.
-unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
+pub(super) unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     if (st.amo && tag == super::amo::TAG_REQ)
@@ -810,6 +810,24 @@ fn enqueue(st: &State, f: *mut Frag) {
 pub(super) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
+    // SAFETY: f is ours; its endpoint came from add_procs.
+    if let Some(tx) = unsafe { (*(*f).endpoint).fbox.as_ref() } {
+        // SAFETY: f is ours, primed.
+        let len = unsafe { (*f).segment.seg_len } as usize;
+        if len <= tx.max() {
+            if let Some(slot) = tx.reserve(len) {
+                // SAFETY: the fragment holds its header (the tag first) and len payload
+                // bytes; the slot has room for len.
+                unsafe {
+                    ptr::copy_nonoverlapping((*f).buf.add(HDR), slot.payload(), len);
+                    slot.commit(len, *(*f).buf);
+                    // Sent: like an inject, call back only when asked.
+                    finish_send(mp, f, sys::OPAL_SUCCESS, false);
+                }
+                return 1;
+            }
+        }
+    }
     if st.has_pending.load(Ordering::Relaxed) {
         drain_pending(mp);
         if st.has_pending.load(Ordering::Relaxed) {
@@ -992,6 +1010,25 @@ pub(crate) extern "C" fn btl_sendi(
         // SAFETY: btl is our module.
         let st = unsafe { &(*mp).st };
         let total = header_size + payload_size;
+        // SAFETY: the endpoint came from add_procs.
+        if let Some(tx) = unsafe { (*(ep as *mut PeerEp)).fbox.as_ref() } {
+            if total <= tx.max() {
+                if let Some(slot) = tx.reserve(total) {
+                    let b = slot.payload();
+                    // SAFETY: the slot has room for total bytes; header is valid for
+                    // header_size bytes.
+                    unsafe {
+                        ptr::copy_nonoverlapping(header as *const u8, b, header_size);
+                        if payload_size > 0 && pack(conv, b.add(header_size), payload_size).is_err()
+                        {
+                            return sys::OPAL_ERROR; // the slot is dropped unsent
+                        }
+                    }
+                    slot.commit(total, tag);
+                    return sys::OPAL_SUCCESS;
+                }
+            }
+        }
         let busy = || {
             if !descriptor.is_null() {
                 // SAFETY: valid out pointer.

@@ -10,6 +10,7 @@
 pub mod am;
 pub mod amo;
 pub mod component;
+pub mod fbox;
 pub mod module;
 pub mod rcache;
 pub mod rdma;

@@ -18,6 +18,7 @@
 
 use super::am::{self, Frag, RecvBuf, HDR};
 use super::amo;
+use super::fbox;
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
 use super::resolve;
@@ -45,6 +46,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct PeerEp {
     pub addr: fi::fi_addr_t,
     pub proc_: *mut sys::opal_proc_t,
+    /// The ring claimed in the peer's fast-box segment (`fbox.rs`), if any.
+    pub fbox: Option<fbox::Tx>,
 }
 
 /// The module: Open MPI's struct first (Open MPI holds a pointer to it), our state after.
@@ -130,6 +133,11 @@ pub struct State {
     pub has_rdma_deferred: AtomicBool,
     /// Sends posted and not completed.
     pub send_outstanding: AtomicUsize,
+    /// This process's fast-box segment (`fbox.rs`), polled by progress.
+    pub fbox: Option<fbox::Rx>,
+    /// Fragments received through the fast boxes (those sent are counted per peer,
+    /// `fbox::Tx::sent`).
+    pub fbox_received: AtomicU64,
     pub rcache: Mutex<Cache<MemoryRegion>>,
     /// Registrations made outside the cache (caching off, or full) and still live, by
     /// the address of their `rdma::Registration`: find requests (`resolve`) look here
@@ -284,35 +292,42 @@ pub enum Role {
 }
 
 impl Role {
+    /// The modex record of the module's endpoint name.
     fn record(self) -> u8 {
         match self {
             Role::AllPeers => 0,
             Role::OnHost => 1,
         }
     }
+
+    /// The modex record of the module's fast-box segment (`fbox::Rx::record`).
+    fn fbox_record(self) -> u8 {
+        0x10 | self.record()
+    }
 }
 
-/// The modex blob: for each module, its role's record number (1 byte), the length of
-/// its endpoint name (2 bytes, little-endian) and the name.
-fn modex_encode<'a>(modules: impl Iterator<Item = (Role, &'a [u8])>) -> Vec<u8> {
+/// The modex blob: records of a number (1 byte), a length (2 bytes, little-endian) and
+/// the data: each module's endpoint name ([`Role::record`]) and fast-box segment
+/// ([`Role::fbox_record`]).
+fn modex_encode<'a>(records: impl Iterator<Item = (u8, &'a [u8])>) -> Vec<u8> {
     let mut out = Vec::new();
-    for (role, name) in modules {
-        out.push(role.record());
-        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        out.extend_from_slice(name);
+    for (rec, data) in records {
+        out.push(rec);
+        out.extend_from_slice(&(data.len() as u16).to_le_bytes());
+        out.extend_from_slice(data);
     }
     out
 }
 
-/// The endpoint name a peer published for `role`; None when it has none or the blob
+/// The data of record `want` a peer published; None when it has none or the blob
 /// is malformed (a peer's data is checked, never trusted).
-fn modex_decode(blob: &[u8], role: Role) -> Option<&[u8]> {
+fn modex_decode(blob: &[u8], want: u8) -> Option<&[u8]> {
     let mut rest = blob;
     while !rest.is_empty() {
         let (&rec, tail) = rest.split_first()?;
         let len = u16::from_le_bytes(tail.get(..2)?.try_into().ok()?) as usize;
         let name = tail.get(2..2 + len)?;
-        if rec == role.record() {
+        if rec == want {
             return (!name.is_empty()).then_some(name);
         }
         rest = &tail[2 + len..];
@@ -510,6 +525,10 @@ pub fn init(
         contexts = 1;
     }
     let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
+    let fbox = fbox::Sizes::new(
+        param(idx::FBOX_SIZE).max(0) as u64,
+        param(idx::FBOX_MAX).max(0) as u64,
+    )?;
 
     // SAFETY: opal_process_info and the modex are set up before BTL init.
     let (local_peers, world) = unsafe {
@@ -530,6 +549,7 @@ pub fn init(
         mpi_threads,
         all_local,
         world,
+        fbox,
     };
     let primary = open_module(&cfg, Role::AllPeers)?;
     let mut modules = vec![primary];
@@ -552,10 +572,22 @@ pub fn init(
             }
         }
     }
-    let blob = modex_encode(modules.iter().map(|(mp, name)| {
+    let fbox_records: Vec<Option<Vec<u8>>> = modules
+        .iter()
         // SAFETY: every module in the list is ours and live.
-        (unsafe { (*(*mp)).st.role }, name.as_slice())
-    }));
+        .map(|(mp, _)| unsafe { (*(*mp)).st.fbox.as_ref().map(fbox::Rx::record) })
+        .collect();
+    let blob = modex_encode(
+        modules
+            .iter()
+            .zip(&fbox_records)
+            .flat_map(|((mp, name), fb)| {
+                // SAFETY: every module in the list is ours and live.
+                let role = unsafe { (*(*mp)).st.role };
+                std::iter::once((role.record(), name.as_slice()))
+                    .chain(fb.as_deref().map(|r| (role.fbox_record(), r)))
+            }),
+    );
     let publish = modex::send(component(), &blob)
         .map_err(|rc| format!("publishing the endpoint names through the modex failed ({rc})"));
     // SAFETY: Open MPI frees the module array with free().
@@ -595,6 +627,8 @@ struct Config {
     mpi_threads: bool,
     all_local: bool,
     world: u32,
+    /// Fast boxes' sizes (`btl_ofi_fbox_*`), None when off.
+    fbox: Option<fbox::Sizes>,
 }
 
 fn is_shm(provider: &str) -> bool {
@@ -615,6 +649,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         mpi_threads,
         all_local,
         world,
+        fbox,
     } = *cfg;
     let template = TEMPLATE.load(Ordering::Acquire);
     // shm lists neither locality capability: ask for none when every peer is local.
@@ -1068,6 +1103,20 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             }
         );
     }
+    // Fast boxes for the module whose peers are all on this host.
+    let fbox = match fbox {
+        Some(sizes)
+            if sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0
+                && (is_shm(&provider) || role == Role::OnHost)
+                && local_ranks > 1 =>
+        {
+            let max = sizes.max.min(sup.btl_max_send_size);
+            fbox::Rx::create(local_ranks, fbox::Sizes { max, ..sizes })
+                .inspect_err(|e| log::info!("no fast boxes on {provider}: {e}"))
+                .ok()
+        }
+        _ => None,
+    };
     let module = Box::new(Module {
         sup,
         st: State {
@@ -1123,6 +1172,8 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             rdma_deferred: Mutex::new(VecDeque::new()),
             has_rdma_deferred: AtomicBool::new(false),
             send_outstanding: AtomicUsize::new(0),
+            fbox,
+            fbox_received: AtomicU64::new(0),
             rcache_slots: Arc::clone(cache.slots()),
             rcache: Mutex::new(cache),
             outside: Mutex::new(IdMap::default()),
@@ -1208,6 +1259,14 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
         return 0;
     };
     let mut total = 0usize;
+    if let Some(rx) = &st.fbox {
+        // SAFETY: one poller: we hold the serial section.
+        let n = unsafe { rx.poll(st.num_cq_read, |tag, p, len| am::dispatch(mp, tag, p, len)) };
+        if n > 0 {
+            st.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
+            total += n;
+        }
+    }
     if st.has_pending.load(Ordering::Relaxed) {
         am::drain_pending(mp);
     }
@@ -1394,7 +1453,7 @@ extern "C" fn add_procs(
                     Ok(a) => a,
                     Err(_) => continue, // the peer does not run this BTL: unreachable
                 };
-                let Some(addr) = modex_decode(&blob, st.role) else {
+                let Some(addr) = modex_decode(&blob, st.role.record()) else {
                     continue; // no endpoint of this kind (or a malformed record)
                 };
                 let fiaddr = match st.av.insert(addr) {
@@ -1404,9 +1463,20 @@ extern "C" fn add_procs(
                         continue;
                     }
                 };
+                let fbox = st.fbox.as_ref().and_then(|_| {
+                    let rec = modex_decode(&blob, st.role.fbox_record())?;
+                    // SAFETY: set up before BTL init.
+                    let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
+                    fbox::Tx::open(rec, me)
+                        .inspect_err(|e| {
+                            log::info!("no fast box to a peer on {}: {e}", st.provider)
+                        })
+                        .ok()
+                });
                 let pe = Box::into_raw(Box::new(PeerEp {
                     addr: fiaddr,
                     proc_: p,
+                    fbox,
                 }));
                 peers.push(pe);
                 eps[i] = pe as *mut _;
@@ -1548,6 +1618,13 @@ unsafe fn destroy(mp: *mut Module) {
         st.send_outstanding.load(Ordering::Relaxed),
         st.rdma_outstanding.load(Ordering::Relaxed)
     );
+    if st.fbox.is_some() {
+        log::info!(
+            "fast boxes: {} fragments sent, {} received",
+            fbox_sent_of(st),
+            st.fbox_received.load(Ordering::Relaxed)
+        );
+    }
     let held = resolve::HELD_OPS.load(Ordering::Relaxed);
     if held > 0 {
         log::info!(
@@ -1621,7 +1698,7 @@ pub fn rcache_stats() -> Option<rcache::Stats> {
 /// The one-sided operations posted by every running module (`btl_ofi_rdma_*`).
 pub fn op_counts() -> rdma::OpCounts {
     let mut c = [0u64; 5];
-    let mut deferred = 0;
+    let (mut deferred, mut fbox_sent, mut fbox_received) = (0, 0, 0);
     for slot in &MODULES {
         let mp = slot.load(Ordering::Acquire);
         // SAFETY: mp is null or live.
@@ -1630,6 +1707,8 @@ pub fn op_counts() -> rdma::OpCounts {
                 *sum += n.load(Ordering::Relaxed);
             }
             deferred += m.st.rdma_deferrals.load(Ordering::Relaxed);
+            fbox_received += m.st.fbox_received.load(Ordering::Relaxed);
+            fbox_sent += fbox_sent_of(&m.st);
         }
     }
     rdma::OpCounts {
@@ -1639,7 +1718,18 @@ pub fn op_counts() -> rdma::OpCounts {
         fetching_atomics: c[3],
         cswaps: c[4],
         deferred,
+        fbox_sent,
+        fbox_received,
     }
+}
+
+/// Fragments this module sent through fast boxes (counted per peer ring).
+fn fbox_sent_of(st: &State) -> u64 {
+    lock(&st.peers)
+        .iter()
+        // SAFETY: listed peers are live.
+        .filter_map(|&p| unsafe { (*p).fbox.as_ref() }.map(fbox::Tx::sent))
+        .sum()
 }
 
 /// The registration of a handle we returned (local use only).
@@ -1665,39 +1755,57 @@ mod tests {
     fn both_records_round_trip() {
         let blob = modex_encode(
             [
-                (Role::AllPeers, &b"tcp-name"[..]),
-                (Role::OnHost, &b"shm-name"[..]),
+                (Role::AllPeers.record(), &b"tcp-name"[..]),
+                (Role::OnHost.record(), &b"shm-name"[..]),
             ]
             .into_iter(),
         );
-        assert_eq!(modex_decode(&blob, Role::AllPeers), Some(&b"tcp-name"[..]));
-        assert_eq!(modex_decode(&blob, Role::OnHost), Some(&b"shm-name"[..]));
-        let one = modex_encode([(Role::AllPeers, &b"x"[..])].into_iter());
-        assert_eq!(modex_decode(&one, Role::OnHost), None);
+        assert_eq!(
+            modex_decode(&blob, Role::AllPeers.record()),
+            Some(&b"tcp-name"[..])
+        );
+        assert_eq!(
+            modex_decode(&blob, Role::OnHost.record()),
+            Some(&b"shm-name"[..])
+        );
+        let one = modex_encode([(Role::AllPeers.record(), &b"x"[..])].into_iter());
+        assert_eq!(modex_decode(&one, Role::OnHost.record()), None);
     }
 
     #[test]
     fn malformed_blobs_are_refused() {
-        assert_eq!(modex_decode(&[], Role::AllPeers), None);
-        assert_eq!(modex_decode(&[0], Role::AllPeers), None);
-        assert_eq!(modex_decode(&[0, 5, 0, b'a'], Role::AllPeers), None);
-        assert_eq!(modex_decode(&[0, 0, 0], Role::AllPeers), None);
-        assert_eq!(modex_decode(&[7, 1, 0, b'a', 0, 1], Role::AllPeers), None);
+        assert_eq!(modex_decode(&[], Role::AllPeers.record()), None);
+        assert_eq!(modex_decode(&[0], Role::AllPeers.record()), None);
+        assert_eq!(
+            modex_decode(&[0, 5, 0, b'a'], Role::AllPeers.record()),
+            None
+        );
+        assert_eq!(modex_decode(&[0, 0, 0], Role::AllPeers.record()), None);
+        assert_eq!(
+            modex_decode(&[7, 1, 0, b'a', 0, 1], Role::AllPeers.record()),
+            None
+        );
     }
 
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let _ = modex_decode(&bytes, Role::AllPeers);
-            let _ = modex_decode(&bytes, Role::OnHost);
+            let _ = modex_decode(&bytes, Role::AllPeers.record());
+            let _ = modex_decode(&bytes, Role::OnHost.record());
         }
 
         #[test]
         fn names_round_trip(a in proptest::collection::vec(any::<u8>(), 1..300),
                             b in proptest::collection::vec(any::<u8>(), 1..300)) {
-            let blob = modex_encode([(Role::AllPeers, &a[..]), (Role::OnHost, &b[..])].into_iter());
-            prop_assert_eq!(modex_decode(&blob, Role::AllPeers), Some(&a[..]));
-            prop_assert_eq!(modex_decode(&blob, Role::OnHost), Some(&b[..]));
+            let blob = modex_encode([
+                (Role::AllPeers.record(), &a[..]),
+                (Role::OnHost.fbox_record(), &b[..]),
+                (Role::OnHost.record(), &b[..]),
+            ].into_iter());
+            prop_assert_eq!(modex_decode(&blob, Role::AllPeers.record()), Some(&a[..]));
+            prop_assert_eq!(modex_decode(&blob, Role::OnHost.record()), Some(&b[..]));
+            prop_assert_eq!(modex_decode(&blob, Role::OnHost.fbox_record()), Some(&b[..]));
+            prop_assert_eq!(modex_decode(&blob, Role::AllPeers.fbox_record()), None);
         }
     }
 }

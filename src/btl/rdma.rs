@@ -375,6 +375,9 @@ pub struct OpCounts {
     /// Gets and puts the provider refused with -FI_EAGAIN and progress posted later
     /// ([`Deferred`]).
     pub deferred: u64,
+    /// Fragments sent and received through fast boxes (`fbox.rs`).
+    pub fbox_sent: u64,
+    pub fbox_received: u64,
 }
 
 /// Everything an RDMA entry point receives, bundled.

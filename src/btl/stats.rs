@@ -110,6 +110,18 @@ const PVARS: &[Pvar] = &[
         help: "Compare-and-swaps posted through the BTL (btl_atomic_cswap)",
         value: |_, o| o.cswaps,
     },
+    Pvar {
+        name: "fbox_sent",
+        class: COUNTER,
+        help: "Active-message fragments sent through fast boxes (shared-memory rings to peers on this node, btl_ofi_fbox_size)",
+        value: |_, o| o.fbox_sent,
+    },
+    Pvar {
+        name: "fbox_received",
+        class: COUNTER,
+        help: "Active-message fragments received through this process's fast boxes",
+        value: |_, o| o.fbox_received,
+    },
 ];
 
 /// The names MPI_T knows the variables by, in registration order.
@@ -197,9 +209,11 @@ mod tests {
             fetching_atomics: 11,
             cswaps: 13,
             deferred: 12,
+            fbox_sent: 14,
+            fbox_received: 15,
         };
         let got: Vec<u64> = PVARS.iter().map(|p| (p.value)(&rc, &ops)).collect();
-        assert_eq!(got, (1..=13).collect::<Vec<u64>>());
+        assert_eq!(got, (1..=15).collect::<Vec<u64>>());
         let names: Vec<String> = names().collect();
         let readme = include_str!("../../README.md");
         for n in &names {

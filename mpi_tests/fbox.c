@@ -1,0 +1,197 @@
+/*
+ * fbox: small messages between ranks of one node through the BTL's fast boxes (shared-
+ * memory rings beside the shm provider, src/btl/fbox.rs), mixed with the provider's path.
+ *
+ * 1. Flood: every rank sends every other rank --n messages of one tag, sizes cycling from
+ *    16 to 6,000 bytes (below and above btl_ofi_fbox_max, so both paths carry them), with
+ *    MPI_Isend in windows of --window per peer without waiting for the receiver: rings
+ *    fill, and the messages that find one full go through the provider. Receivers take
+ *    each window with MPI_Recv from MPI_ANY_SOURCE (every other window from each source
+ *    by name), checking every byte and that each source's messages arrive in the order
+ *    sent: MPI's non-overtaking rule, which ob1's sequence numbers must keep across the
+ *    two paths.
+ * 2. Threads (MPI_THREAD_MULTIPLE, when provided): 4 threads per rank each send --n / 4
+ *    messages to the right neighbour under their own tag, contending for one ring, and
+ *    receive their tag from the left neighbour in order.
+ * 3. The MPI_T counters btl_ofi_fbox_sent / _received: over shm with btl_ofi_fbox_size
+ *    above 0 both must have moved on every rank; on any other provider both stay 0.
+ *
+ * Options: --n N (default 20000), --window W (default 64).
+ */
+#include "common.h"
+
+#define MAXLEN 6000
+#define NTHREADS 4
+
+static int len_of(int seq)
+{
+    return 16 + (int)(((unsigned)seq * 97u) % (MAXLEN - 15));
+}
+
+static uint64_t seed_of(int src, int dst, int tag, int seq)
+{
+    return t_seed((uint64_t)src, (uint64_t)dst, (uint64_t)tag, (uint64_t)seq);
+}
+
+/* A message: its sequence number, then the pattern of (src, dst, tag, seq). */
+static void fill(char *buf, int src, int dst, int tag, int seq)
+{
+    int len = len_of(seq);
+    memcpy(buf, &seq, sizeof(seq));
+    t_fill(buf + 8, (size_t)len - 8, seed_of(src, dst, tag, seq));
+}
+
+static void check(const char *buf, const MPI_Status *st, int dst, int tag, int *next, const char *what)
+{
+    int src = st->MPI_SOURCE, seq, count;
+    char w[160];
+    memcpy(&seq, buf, sizeof(seq));
+    if (seq != next[src])
+        t_fail("%s: from rank %d, message #%d arrived where #%d was due (overtaken)", what, src, seq,
+               next[src]);
+    T_CHECK_MPI(MPI_Get_count(st, MPI_BYTE, &count));
+    if (count != len_of(seq))
+        t_fail("%s: message #%d from rank %d has %d bytes, sent %d", what, seq, src, count, len_of(seq));
+    if (st->MPI_TAG != tag)
+        t_fail("%s: message #%d from rank %d has tag %d, sent %d", what, seq, src, st->MPI_TAG, tag);
+    snprintf(w, sizeof(w), "%s: message #%d from rank %d", what, seq, src);
+    t_check(buf + 8, (size_t)count - 8, seed_of(src, dst, tag, seq), w);
+    next[src]++;
+}
+
+static void flood(int n, int window)
+{
+    int peers = t_size - 1, tag = 7;
+    char *sbuf = t_malloc((size_t)peers * window * MAXLEN), *rbuf = t_malloc(MAXLEN);
+    MPI_Request *rq = t_malloc(sizeof(*rq) * (size_t)peers * window);
+    int *next = calloc((size_t)t_size, sizeof(int));
+    for (int base = 0, w = 0; base < n; base += window, w++) {
+        int cnt = n - base < window ? n - base : window, k = 0;
+        t_section("flood: window %d (messages %d to %d)", w, base, base + cnt - 1);
+        for (int p = 1; p <= peers; p++) {
+            int dst = (t_rank + p) % t_size;
+            for (int i = 0; i < cnt; i++, k++) {
+                char *b = sbuf + (size_t)k * MAXLEN;
+                fill(b, t_rank, dst, tag, base + i);
+                T_CHECK_MPI(MPI_Isend(b, len_of(base + i), MPI_BYTE, dst, tag, MPI_COMM_WORLD, &rq[k]));
+            }
+        }
+        for (int p = 1; p <= peers; p++) {
+            int src = (t_rank + t_size - p) % t_size;
+            for (int i = 0; i < cnt; i++) {
+                MPI_Status st;
+                t_status_init(&st);
+                T_CHECK_MPI(MPI_Recv(rbuf, MAXLEN, MPI_BYTE, w % 2 ? src : MPI_ANY_SOURCE, tag, MPI_COMM_WORLD,
+                                     &st));
+                check(rbuf, &st, t_rank, tag, next, "flood");
+            }
+        }
+        T_CHECK_MPI(MPI_Waitall(k, rq, MPI_STATUSES_IGNORE));
+    }
+    for (int s = 0; s < t_size; s++)
+        if (s != t_rank && next[s] != n)
+            t_fail("flood: %d messages from rank %d, sent %d", next[s], s, n);
+    free(sbuf);
+    free(rbuf);
+    free(rq);
+    free(next);
+}
+
+struct thread_arg {
+    int tag, n;
+};
+
+static void *thread_main(void *p)
+{
+    struct thread_arg *a = p;
+    int right = (t_rank + 1) % t_size, left = (t_rank + t_size - 1) % t_size;
+    char *sbuf = t_malloc(MAXLEN), *rbuf = t_malloc(MAXLEN);
+    int *next = calloc((size_t)t_size, sizeof(int));
+    for (int i = 0; i < a->n; i++) {
+        MPI_Request r;
+        MPI_Status st;
+        fill(sbuf, t_rank, right, a->tag, i);
+        T_CHECK_MPI(MPI_Isend(sbuf, len_of(i), MPI_BYTE, right, a->tag, MPI_COMM_WORLD, &r));
+        t_status_init(&st);
+        T_CHECK_MPI(MPI_Recv(rbuf, MAXLEN, MPI_BYTE, left, a->tag, MPI_COMM_WORLD, &st));
+        check(rbuf, &st, t_rank, a->tag, next, "threads");
+        T_CHECK_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
+    }
+    free(sbuf);
+    free(rbuf);
+    free(next);
+    return NULL;
+}
+
+static long long cvar_int(const char *name, long long def)
+{
+    int idx, cnt;
+    long long v = def;
+    MPI_T_cvar_handle h;
+    if (MPI_T_cvar_get_index(name, &idx) != MPI_SUCCESS || MPI_T_cvar_handle_alloc(idx, NULL, &h, &cnt) != MPI_SUCCESS)
+        return def;
+    {
+        int iv = 0;
+        if (MPI_T_cvar_read(h, &iv) == MPI_SUCCESS)
+            v = iv;
+    }
+    MPI_T_cvar_handle_free(&h);
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const names[] = { "btl_ofi_fbox_sent", "btl_ofi_fbox_received" };
+    unsigned long long v[2] = { 0, 0 };
+    t_pvars_t pv;
+    int n, window, provided, tprov, have;
+    long long size;
+
+    provided = t_init_thread(&argc, &argv, "fbox", MPI_THREAD_MULTIPLE);
+    n = (int)t_opt_long("n", NULL, 20000);
+    window = (int)t_opt_long("window", NULL, 64);
+    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &tprov));
+    have = t_pvars_open(&pv, names, 2);
+    size = cvar_int("btl_ofi_fbox_size", -1);
+    if (t_size < 2) {
+        t_info("one rank: nothing to send");
+    } else {
+        flood(n, window);
+        if (provided == MPI_THREAD_MULTIPLE) {
+            pthread_t th[NTHREADS];
+            struct thread_arg a[NTHREADS];
+            t_section("threads: %d threads, %d messages each", NTHREADS, n / NTHREADS);
+            for (int i = 0; i < NTHREADS; i++) {
+                a[i].tag = 100 + i;
+                a[i].n = n / NTHREADS;
+                if (pthread_create(&th[i], NULL, thread_main, &a[i]) != 0)
+                    t_fail("pthread_create failed");
+            }
+            for (int i = 0; i < NTHREADS; i++)
+                pthread_join(th[i], NULL);
+        } else {
+            t_info("MPI_THREAD_MULTIPLE not provided: threads part skipped");
+        }
+    }
+    t_section("counters");
+    if (have) {
+        int shm = strcmp(t_provider(), "shm") == 0;
+        t_pvars_read(&pv, v);
+        if (t_verbose || t_rank == 0)
+            t_info("rank %d: btl_ofi_fbox_size %lld, fast-box fragments sent %llu, received %llu", t_rank, size,
+                   v[0], v[1]);
+        if (t_size > 1 && shm && size > 0 && (v[0] == 0 || v[1] == 0))
+            t_fail("over shm with btl_ofi_fbox_size %lld: %llu fragments sent and %llu received through fast "
+                   "boxes, expected some",
+                   size, v[0], v[1]);
+        if ((!shm || size == 0) && (v[0] != 0 || v[1] != 0))
+            t_fail("provider %s, btl_ofi_fbox_size %lld: %llu fragments sent and %llu received through fast "
+                   "boxes, expected none",
+                   t_provider(), size, v[0], v[1]);
+        t_pvars_close(&pv);
+    } else {
+        t_info("no MPI_T variables btl_ofi_fbox_*: our BTL is not loaded; counters not checked");
+    }
+    T_CHECK_MPI(MPI_T_finalize());
+    return t_pass();
+}
