@@ -1,15 +1,16 @@
 /*
- * fbox: small messages between ranks of one node through the BTL's fast boxes (shared-
- * memory rings beside the shm provider, src/btl/fbox.rs), mixed with the provider's path.
+ * fbox: messages between ranks of one node through the BTL's fast boxes (shared-memory
+ * rings beside the shm provider, src/btl/fbox.rs), and larger ones whose data goes
+ * through the provider.
  *
- * 1. Flood: every rank sends every other rank --n messages of one tag, sizes cycling from
- *    16 to 6,000 bytes (below and above btl_ofi_fbox_max, so both paths carry them), with
- *    MPI_Isend in windows of --window per peer without waiting for the receiver: rings
- *    fill, and the messages that find one full go through the provider. Receivers take
- *    each window with MPI_Recv from MPI_ANY_SOURCE (every other window from each source
- *    by name), checking every byte and that each source's messages arrive in the order
- *    sent: MPI's non-overtaking rule, which ob1's sequence numbers must keep across the
- *    two paths.
+ * 1. Flood: every rank sends every other rank --n messages, sizes cycling from 16 to
+ *    20,000 bytes (below the eager limit through the boxes only; above it a rendezvous
+ *    whose header takes the box and whose data the provider carries), with
+ *    MPI_Isend in windows of --window per peer (a tag per window) without waiting for
+ *    the receiver: rings fill, and fragments wait for room in order. Receivers take each
+ *    window with MPI_Recv from MPI_ANY_SOURCE (every other window from each source by
+ *    name), checking every byte and that each source's messages arrive in the order
+ *    sent (MPI's non-overtaking rule).
  * 2. Threads (MPI_THREAD_MULTIPLE, when provided): 4 threads per rank each send --n / 4
  *    messages to the right neighbour under their own tag, contending for one ring, and
  *    receive their tag from the left neighbour in order.
@@ -20,7 +21,7 @@
  */
 #include "common.h"
 
-#define MAXLEN 6000
+#define MAXLEN 20000
 #define NTHREADS 4
 
 static int len_of(int seq)
@@ -61,12 +62,14 @@ static void check(const char *buf, const MPI_Status *st, int dst, int tag, int *
 
 static void flood(int n, int window)
 {
-    int peers = t_size - 1, tag = 7;
+    int peers = t_size - 1;
     char *sbuf = t_malloc((size_t)peers * window * MAXLEN), *rbuf = t_malloc(MAXLEN);
     MPI_Request *rq = t_malloc(sizeof(*rq) * (size_t)peers * window);
     int *next = calloc((size_t)t_size, sizeof(int));
     for (int base = 0, w = 0; base < n; base += window, w++) {
-        int cnt = n - base < window ? n - base : window, k = 0;
+        /* a tag per window: a receive from MPI_ANY_SOURCE must not take a message of the
+         * next window from a peer that is ahead */
+        int cnt = n - base < window ? n - base : window, k = 0, tag = 1000 + w;
         t_section("flood: window %d (messages %d to %d)", w, base, base + cnt - 1);
         for (int p = 1; p <= peers; p++) {
             int dst = (t_rank + p) % t_size;

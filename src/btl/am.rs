@@ -810,23 +810,9 @@ fn enqueue(st: &State, f: *mut Frag) {
 pub(super) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
-    // SAFETY: f is ours; its endpoint came from add_procs.
-    if let Some(tx) = unsafe { (*(*f).endpoint).fbox.as_ref() } {
-        // SAFETY: f is ours, primed.
-        let len = unsafe { (*f).segment.seg_len } as usize;
-        if len <= tx.max() {
-            if let Some(slot) = tx.reserve(len) {
-                // SAFETY: the fragment holds its header (the tag first) and len payload
-                // bytes; the slot has room for len.
-                unsafe {
-                    ptr::copy_nonoverlapping((*f).buf.add(HDR), slot.payload(), len);
-                    slot.commit(len, *(*f).buf);
-                    // Sent: like an inject, call back only when asked.
-                    finish_send(mp, f, sys::OPAL_SUCCESS, false);
-                }
-                return 1;
-            }
-        }
+    // SAFETY: forwarded.
+    if let Some(rc) = unsafe { fbox_send(mp, st, f) } {
+        return rc;
     }
     if st.has_pending.load(Ordering::Relaxed) {
         drain_pending(mp);
@@ -855,6 +841,119 @@ pub(super) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
             log::warn!("fi_send on {}: {e}", st.provider);
             e.to_opal()
         }
+    }
+}
+
+/// Copy fragment `f` into `slot` and publish it.
+///
+/// # Safety
+/// `f` is a primed fragment with its header written; `slot` has room for its length.
+#[inline]
+unsafe fn fbox_write(f: *mut Frag, slot: super::fbox::Slot<'_>) {
+    // SAFETY: the fragment holds its header (the tag first) and seg_len payload bytes.
+    unsafe {
+        let len = (*f).segment.seg_len as usize;
+        ptr::copy_nonoverlapping((*f).buf.add(HDR), slot.payload(), len);
+        slot.commit(len, *(*f).buf);
+    }
+}
+
+/// Send `f` through its peer's fast box when it fits one: at once when the box has
+/// room and nothing waits for it (`Some(1)`: complete, as an inject), else queued in
+/// order behind what waits (`Some(OPAL_SUCCESS)`: `drain_fbox` sends it and calls
+/// back). `None`: the fragment goes through the provider. A fragment that fits never
+/// goes through the provider, so a peer's fragments that carry ob1's matching order
+/// arrive in that order (fbox.rs).
+///
+/// # Safety
+/// `f` is ours, primed, header written; its endpoint came from add_procs.
+unsafe fn fbox_send(mp: *mut Module, st: &State, f: *mut Frag) -> Option<c_int> {
+    // SAFETY: caller's contract.
+    let (peer, len) = unsafe { (&*(*f).endpoint, (*f).segment.seg_len as usize) };
+    let tx = peer.fbox.as_ref()?;
+    if len > tx.max() {
+        return None;
+    }
+    if peer.fbox_waiting.load(Ordering::Acquire) == 0 {
+        if let Some(slot) = tx.reserve(len) {
+            // SAFETY: the slot has room for len bytes; f is complete after.
+            unsafe {
+                fbox_write(f, slot);
+                finish_send(mp, f, sys::OPAL_SUCCESS, false);
+            }
+            return Some(1);
+        }
+    }
+    let mut q = lock(&st.fbox_queue);
+    peer.fbox_waiting.fetch_add(1, Ordering::AcqRel);
+    q.push_back(f);
+    st.fbox_queued.store(true, Ordering::Relaxed);
+    Some(sys::OPAL_SUCCESS)
+}
+
+/// Send the fragments waiting for fast boxes, each peer's in order, as far as their
+/// boxes have room, and call back for each one sent. From progress only.
+pub(crate) fn drain_fbox(mp: *mut Module) {
+    // SAFETY: mp is live.
+    let st = unsafe { &(*mp).st };
+    let mut sent = Vec::new();
+    {
+        let mut q = lock(&st.fbox_queue);
+        let mut full: Vec<*mut PeerEp> = Vec::new();
+        q.retain(|&f| {
+            // SAFETY: queued fragments are ours, primed, with live endpoints (del_procs
+            // takes a peer's out before dropping the peer).
+            let (ep, len) = unsafe { ((*f).endpoint, (*f).segment.seg_len as usize) };
+            if full.contains(&ep) {
+                return true;
+            }
+            // SAFETY: as above.
+            let peer = unsafe { &*ep };
+            match peer.fbox.as_ref().and_then(|tx| tx.reserve(len)) {
+                Some(slot) => {
+                    // SAFETY: the slot has room for len bytes.
+                    unsafe { fbox_write(f, slot) };
+                    peer.fbox_waiting.fetch_sub(1, Ordering::AcqRel);
+                    sent.push(f);
+                    false
+                }
+                None => {
+                    full.push(ep);
+                    true
+                }
+            }
+        });
+        st.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
+    }
+    for f in sent {
+        // SAFETY: sent: complete; its callback was deferred.
+        unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, true) };
+    }
+}
+
+/// A peer is going: its fragments still waiting for its fast box fail (unreachable).
+///
+/// # Safety
+/// `mp` is the live module; `peer` is live and no longer listed.
+pub(super) unsafe fn forget_fbox_peer(mp: *mut Module, peer: *mut PeerEp) {
+    // SAFETY: caller's contract.
+    let st = unsafe { &(*mp).st };
+    let mut gone = Vec::new();
+    {
+        let mut q = lock(&st.fbox_queue);
+        q.retain(|&f| {
+            // SAFETY: queued fragments are ours.
+            if unsafe { (*f).endpoint } != peer {
+                return true;
+            }
+            gone.push(f);
+            false
+        });
+        st.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
+    }
+    for f in gone {
+        // SAFETY: never sent: report the failure through its callback.
+        unsafe { finish_send(mp, f, sys::OPAL_ERR_UNREACH, true) };
     }
 }
 
@@ -1010,25 +1109,6 @@ pub(crate) extern "C" fn btl_sendi(
         // SAFETY: btl is our module.
         let st = unsafe { &(*mp).st };
         let total = header_size + payload_size;
-        // SAFETY: the endpoint came from add_procs.
-        if let Some(tx) = unsafe { (*(ep as *mut PeerEp)).fbox.as_ref() } {
-            if total <= tx.max() {
-                if let Some(slot) = tx.reserve(total) {
-                    let b = slot.payload();
-                    // SAFETY: the slot has room for total bytes; header is valid for
-                    // header_size bytes.
-                    unsafe {
-                        ptr::copy_nonoverlapping(header as *const u8, b, header_size);
-                        if payload_size > 0 && pack(conv, b.add(header_size), payload_size).is_err()
-                        {
-                            return sys::OPAL_ERROR; // the slot is dropped unsent
-                        }
-                    }
-                    slot.commit(total, tag);
-                    return sys::OPAL_SUCCESS;
-                }
-            }
-        }
         let busy = || {
             if !descriptor.is_null() {
                 // SAFETY: valid out pointer.
@@ -1036,6 +1116,31 @@ pub(crate) extern "C" fn btl_sendi(
             }
             sys::OPAL_ERR_RESOURCE_BUSY
         };
+        // SAFETY: the endpoint came from add_procs.
+        let peer = unsafe { &*(ep as *mut PeerEp) };
+        if let Some(tx) = peer.fbox.as_ref() {
+            if total <= tx.max() {
+                // With fragments waiting for this peer's box, or the box full, ob1 sends
+                // it with `btl_send`, which queues it in order (`fbox_send`).
+                if peer.fbox_waiting.load(Ordering::Acquire) > 0 {
+                    return busy();
+                }
+                let Some(slot) = tx.reserve(total) else {
+                    return busy();
+                };
+                let b = slot.payload();
+                // SAFETY: the slot has room for total bytes; header is valid for
+                // header_size bytes.
+                unsafe {
+                    ptr::copy_nonoverlapping(header as *const u8, b, header_size);
+                    if payload_size > 0 && pack(conv, b.add(header_size), payload_size).is_err() {
+                        return sys::OPAL_ERROR; // the slot is dropped unsent
+                    }
+                }
+                slot.commit(total, tag);
+                return sys::OPAL_SUCCESS;
+            }
+        }
         if total > st.frag_payload || st.has_pending.load(Ordering::Relaxed) {
             return busy();
         }

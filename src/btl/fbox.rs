@@ -28,9 +28,15 @@
 //! receiver to offset 0. The sender reads the receiver's tail only when its last view
 //! of it leaves too little room.
 //!
-//! When a ring is full, or a fragment is larger than `btl_ofi_fbox_max`, the fragment
-//! goes through the provider as before. ob1 needs no ordering between the two paths:
-//! its matching fragments carry sequence numbers, and the others answer a message.
+//! Every fragment up to the eager limit goes through the box (rings are sized for it),
+//! and when a ring is full it waits in order behind the peer's other waiting fragments
+//! (`am::fbox_send`, `am::drain_fbox`): never through the provider. So every fragment
+//! that carries ob1's matching order (match, rendezvous and get headers) takes one
+//! path to a peer and arrives in order. Larger fragments (ob1's pipelined data, which
+//! carries offsets) and RDMA go through the provider. Mixing paths for the small ones
+//! was tried first: ob1 then sees many fragments out of sequence, and under
+//! `MPI_THREAD_MULTIPLE` a receive completed with no message (`mpi_tests/fbox.c`,
+//! 3 runs of 6 at 4 ranks).
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
@@ -66,37 +72,52 @@ fn header(len: usize, tag: u8, kind: u64) -> u64 {
     len as u64 | (tag as u64) << 32 | kind << 40 | REC_MAGIC << 48
 }
 
-/// The sizes of a node's rings, from `btl_ofi_fbox_size` and `btl_ofi_fbox_max`.
+/// The sizes of a module's rings, from `btl_ofi_fbox_size` and the eager limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     /// Data bytes of each ring (a multiple of 64).
     pub cap: usize,
-    /// The largest payload a record carries.
+    /// The largest payload a record carries (the module's eager limit).
     pub max: usize,
 }
 
 impl Sizes {
-    /// Check the parameters: `None` with `size` 0 (fast boxes off).
-    pub fn new(size: u64, max: u64) -> Result<Option<Sizes>, String> {
+    /// The largest payload rings of `cap` bytes carry: two records of it fit with a
+    /// wrap's waste and the header words after them.
+    pub fn max_for(cap: usize) -> usize {
+        (cap / 4).saturating_sub(2 * REC_HDR) / 8 * 8
+    }
+
+    /// The sizes from `btl_ofi_fbox_size` for records of up to `max` bytes (the
+    /// module's eager limit): `None` when `size` is 0 (fast boxes off); a ring too small
+    /// for `max` grown to fit it (logged); a size outside 4096 to 16 MiB refused.
+    pub fn new(size: u64, max: usize) -> Result<Option<Sizes>, String> {
         if size == 0 {
             return Ok(None);
         }
-        if !(4096..=(1 << 24)).contains(&size) || !size.is_multiple_of(64) {
+        if !(4096..=1 << 24).contains(&size) {
             return Err(format!(
-                "btl_ofi_fbox_size={size}: expected 0 (off) or a multiple of 64 from 4096 to 16 MiB"
+                "btl_ofi_fbox_size={size}: expected 0 (off) or 4096 to 16 MiB"
             ));
         }
-        // Two records of the largest size fit with their headers and a wrap's waste.
-        if max == 0 || rec_len(max as usize) + REC_HDR > size as usize / 4 {
-            return Err(format!(
-                "btl_ofi_fbox_max={max}: expected 1 to a quarter of btl_ofi_fbox_size ({size}) \
-                 less 16 bytes"
-            ));
+        let max = max.max(1);
+        let mut cap = size as usize / 64 * 64;
+        if Sizes::max_for(cap) < max {
+            let need = (4 * (max.div_ceil(8) * 8 + 2 * REC_HDR)).div_ceil(64) * 64;
+            log::info!(
+                "btl_ofi_fbox_size={size} cannot hold fragments of {max} B (the eager limit): \
+                 fast boxes of {need} B"
+            );
+            cap = need;
         }
-        Ok(Some(Sizes {
-            cap: size as usize,
-            max: max as usize,
-        }))
+        Ok(Some(Sizes { cap, max }))
+    }
+
+    /// Sizes a peer published are what [`Sizes::new`] makes.
+    fn valid(cap: usize, max: usize) -> bool {
+        (4096..=1 << 30).contains(&cap)
+            && cap.is_multiple_of(64)
+            && (1..=Sizes::max_for(cap)).contains(&max)
     }
 }
 
@@ -325,8 +346,10 @@ impl Tx {
             u32_at(28) as usize,
             u32_at(32) as usize,
         );
-        let sizes = Sizes::new(cap as u64, max as u64)?
-            .ok_or_else(|| "a segment without rings".to_string())?;
+        if !Sizes::valid(cap, max) {
+            return Err(format!("rings of {cap} B for records of {max} B"));
+        }
+        let sizes = Sizes { cap, max };
         if rings == 0 || len != ring_offset(rings, cap) {
             return Err(format!("{rings} rings of {cap} B in {len} B"));
         }
@@ -399,12 +422,18 @@ impl Tx {
     /// ring is full or another thread is writing it.
     #[inline]
     pub fn reserve(&self, len: usize) -> Option<Slot<'_>> {
-        if self
+        let mut spins = 0u32;
+        while self
             .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            return None;
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         // Releases busy when dropped: on every return below without a slot.
         let claim = Slot { tx: self, off: 0 };
@@ -509,7 +538,7 @@ impl Drop for Slot<'_> {
 mod tests {
     use super::*;
 
-    fn pair(rings: usize, cap: u64, max: u64) -> (Rx, Tx) {
+    fn pair(rings: usize, cap: u64, max: usize) -> (Rx, Tx) {
         let rx = Rx::create(rings, Sizes::new(cap, max).unwrap().unwrap()).unwrap();
         let tx = Tx::open(&rx.record(), 0).unwrap();
         (rx, tx)
@@ -530,15 +559,25 @@ mod tests {
     fn sizes_are_checked() {
         assert_eq!(Sizes::new(0, 4096), Ok(None));
         assert!(Sizes::new(1000, 16).is_err());
-        assert!(Sizes::new(32768, 8192).is_err());
-        assert!(Sizes::new(32768, 0).is_err());
-        assert_eq!(
-            Sizes::new(32768, 4096),
-            Ok(Some(Sizes {
-                cap: 32768,
-                max: 4096
-            }))
-        );
+        assert!(Sizes::new((1 << 24) + 64, 16).is_err());
+        let s = |cap, max| Ok(Some(Sizes { cap, max }));
+        assert_eq!(Sizes::new(65536, 8192), s(65536, 8192));
+        assert_eq!(Sizes::new(65600, 8192), s(65600, 8192));
+        assert_eq!(Sizes::new(4100, 8192), s(32832, 8192));
+        assert_eq!(Sizes::new(1 << 24, 1 << 22), s((1 << 24) + 64, 1 << 22));
+        assert_eq!(Sizes::new(1 << 24, 1 << 23), s((1 << 25) + 64, 1 << 23));
+        for size in [4096u64, 4160, 32768, 1 << 20, 1 << 24] {
+            for max in [1usize, 8, 1000, 4096, 8192, 65536, 1 << 22] {
+                let z = Sizes::new(size, max).unwrap().unwrap();
+                assert_eq!(z.max, max);
+                assert!(Sizes::valid(z.cap, z.max), "{size} {max}");
+                // Two largest records, their header words and a wrap's waste fit.
+                assert!(
+                    2 * (rec_len(z.max) + REC_HDR) + rec_len(z.max) <= z.cap,
+                    "{size} {max}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -593,6 +632,7 @@ mod tests {
     #[test]
     fn rings_are_claimed_once_and_freed_on_drop() {
         let rx = Rx::create(2, Sizes::new(4096, 64).unwrap().unwrap()).unwrap();
+        assert_eq!(rx.sizes, Sizes { cap: 4096, max: 64 });
         let a = Tx::open(&rx.record(), 1).unwrap();
         let b = Tx::open(&rx.record(), 1).unwrap();
         assert_ne!(a.ring, b.ring);

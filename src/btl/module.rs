@@ -48,6 +48,8 @@ pub struct PeerEp {
     pub proc_: *mut sys::opal_proc_t,
     /// The ring claimed in the peer's fast-box segment (`fbox.rs`), if any.
     pub fbox: Option<fbox::Tx>,
+    /// Fragments to this peer waiting in `State::fbox_queue` (sent in order after them).
+    pub fbox_waiting: AtomicUsize,
 }
 
 /// The module: Open MPI's struct first (Open MPI holds a pointer to it), our state after.
@@ -135,6 +137,11 @@ pub struct State {
     pub send_outstanding: AtomicUsize,
     /// This process's fast-box segment (`fbox.rs`), polled by progress.
     pub fbox: Option<fbox::Rx>,
+    /// Fragments for fast boxes that were full (or had fragments waiting before them),
+    /// in order, sent by progress (`am::drain_fbox`).
+    pub fbox_queue: Mutex<VecDeque<*mut Frag>>,
+    /// Mirrors `!fbox_queue.is_empty()`; only written with it locked.
+    pub fbox_queued: AtomicBool,
     /// Fragments received through the fast boxes (those sent are counted per peer,
     /// `fbox::Tx::sent`).
     pub fbox_received: AtomicU64,
@@ -525,10 +532,9 @@ pub fn init(
         contexts = 1;
     }
     let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
-    let fbox = fbox::Sizes::new(
-        param(idx::FBOX_SIZE).max(0) as u64,
-        param(idx::FBOX_MAX).max(0) as u64,
-    )?;
+    // Checked here; sized per module (for its eager limit).
+    let fbox = param(idx::FBOX_SIZE).max(0) as u64;
+    fbox::Sizes::new(fbox, 1)?;
 
     // SAFETY: opal_process_info and the modex are set up before BTL init.
     let (local_peers, world) = unsafe {
@@ -627,8 +633,8 @@ struct Config {
     mpi_threads: bool,
     all_local: bool,
     world: u32,
-    /// Fast boxes' sizes (`btl_ofi_fbox_*`), None when off.
-    fbox: Option<fbox::Sizes>,
+    /// `btl_ofi_fbox_size` (checked; 0: fast boxes off).
+    fbox: u64,
 }
 
 fn is_shm(provider: &str) -> bool {
@@ -1104,18 +1110,23 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         );
     }
     // Fast boxes for the module whose peers are all on this host.
-    let fbox = match fbox {
-        Some(sizes)
-            if sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0
-                && (is_shm(&provider) || role == Role::OnHost)
-                && local_ranks > 1 =>
-        {
-            let max = sizes.max.min(sup.btl_max_send_size);
-            fbox::Rx::create(local_ranks, fbox::Sizes { max, ..sizes })
-                .inspect_err(|e| log::info!("no fast boxes on {provider}: {e}"))
-                .ok()
-        }
-        _ => None,
+    // Every fragment that carries ob1's matching order (match, rendezvous and get
+    // headers, at most the eager limit) fits a box, so that a peer's such fragments
+    // take one path, in order (see fbox.rs).
+    let fbox = if fbox > 0
+        && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0
+        && (is_shm(&provider) || role == Role::OnHost)
+        && local_ranks > 1
+    {
+        fbox::Sizes::new(fbox, sup.btl_eager_limit.max(sup.btl_rndv_eager_limit))
+            .and_then(|sizes| {
+                let sizes = sizes.ok_or("off")?;
+                fbox::Rx::create(local_ranks, sizes).map_err(|e| e.to_string())
+            })
+            .inspect_err(|e| log::info!("no fast boxes on {provider}: {e}"))
+            .ok()
+    } else {
+        None
     };
     let module = Box::new(Module {
         sup,
@@ -1173,6 +1184,8 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             has_rdma_deferred: AtomicBool::new(false),
             send_outstanding: AtomicUsize::new(0),
             fbox,
+            fbox_queue: Mutex::new(VecDeque::new()),
+            fbox_queued: AtomicBool::new(false),
             fbox_received: AtomicU64::new(0),
             rcache_slots: Arc::clone(cache.slots()),
             rcache: Mutex::new(cache),
@@ -1265,6 +1278,9 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
         if n > 0 {
             st.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
             total += n;
+        }
+        if st.fbox_queued.load(Ordering::Relaxed) {
+            am::drain_fbox(mp);
         }
     }
     if st.has_pending.load(Ordering::Relaxed) {
@@ -1477,6 +1493,7 @@ extern "C" fn add_procs(
                     addr: fiaddr,
                     proc_: p,
                     fbox,
+                    fbox_waiting: AtomicUsize::new(0),
                 }));
                 peers.push(pe);
                 eps[i] = pe as *mut _;
@@ -1523,6 +1540,8 @@ extern "C" fn del_procs(
                 .position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e)
             {
                 let p = peers.swap_remove(pos);
+                // SAFETY: btl is our module; p is live until dropped below.
+                unsafe { am::forget_fbox_peer(btl as *mut Module, p) };
                 // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
                 drop(unsafe { Box::from_raw(p) });
             }
@@ -1645,6 +1664,7 @@ unsafe fn destroy(mp: *mut Module) {
     let recv_bufs = std::mem::take(&mut *lock(&st.recv_bufs));
     let frags = std::mem::take(&mut *lock(&st.frags));
     let pending = std::mem::take(&mut *lock(&st.pending));
+    let fbox_queue = std::mem::take(&mut *lock(&st.fbox_queue));
     let peers = std::mem::take(&mut *lock(&st.peers));
     rdma::discard_deferred(st);
     lock(&st.rcache).clear();
@@ -1664,7 +1684,7 @@ unsafe fn destroy(mp: *mut Module) {
         // SAFETY: the endpoint is closed: no receive uses the buffer any more.
         unsafe { am::free_recv_buf(b) };
     }
-    for f in frags.into_iter().chain(pending) {
+    for f in frags.into_iter().chain(pending).chain(fbox_queue) {
         // SAFETY: free-listed or never-posted fragments are ours.
         unsafe { am::free_frag_memory(f) };
     }
