@@ -419,7 +419,8 @@ impl Tx {
     }
 
     /// Room for a record of `len` payload bytes (`len <= max()`), or `None` when the
-    /// ring is full or another thread is writing it.
+    /// ring is full. Waits (spinning, then yielding) while another thread of this
+    /// process writes the ring: for a copy of at most `max()` bytes.
     #[inline]
     pub fn reserve(&self, len: usize) -> Option<Slot<'_>> {
         let mut spins = 0u32;
@@ -429,7 +430,7 @@ impl Tx {
             .is_err()
         {
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
