@@ -11,7 +11,7 @@
  *    window with MPI_Recv from MPI_ANY_SOURCE (every other window from each source by
  *    name), checking every byte and that each source's messages arrive in the order
  *    sent (MPI's non-overtaking rule).
- * 2. Threads (MPI_THREAD_MULTIPLE, when provided): 4 threads per rank each send --n / 4
+ * 2. Threads (MPI_THREAD_MULTIPLE, when provided): 4 threads per rank each send --n / 8
  *    messages to the right neighbour under their own tag, contending for one ring, and
  *    receive their tag from the left neighbour in order.
  * 3. The MPI_T counters btl_ofi_fbox_sent / _received: over shm with btl_ofi_fbox_size
@@ -119,6 +119,7 @@ static void *thread_main(void *p)
         T_CHECK_MPI(MPI_Recv(rbuf, MAXLEN, MPI_BYTE, left, a->tag, MPI_COMM_WORLD, &st));
         check(rbuf, &st, t_rank, a->tag, next, "threads");
         T_CHECK_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
+        t_touch();
     }
     free(sbuf);
     free(rbuf);
@@ -163,10 +164,10 @@ int main(int argc, char **argv)
         if (provided == MPI_THREAD_MULTIPLE) {
             pthread_t th[NTHREADS];
             struct thread_arg a[NTHREADS];
-            t_section("threads: %d threads, %d messages each", NTHREADS, n / NTHREADS);
+            t_section("threads: %d threads, %d messages each", NTHREADS, n / (2 * NTHREADS));
             for (int i = 0; i < NTHREADS; i++) {
                 a[i].tag = 100 + i;
-                a[i].n = n / NTHREADS;
+                a[i].n = n / (2 * NTHREADS);
                 if (pthread_create(&th[i], NULL, thread_main, &a[i]) != 0)
                     t_fail("pthread_create failed");
             }
