@@ -36,7 +36,9 @@
 //! carries offsets) and RDMA go through the provider. Mixing paths for the small ones
 //! was tried first: ob1 then sees many fragments out of sequence, and under
 //! `MPI_THREAD_MULTIPLE` a receive completed with no message (`mpi_tests/fbox.c`,
-//! 3 runs of 6 at 4 ranks).
+//! 3 runs of 6 at 4 ranks). Even with one path, threads sharing a communicator put
+//! fragments out of sequence, and a thread's messages once matched in the wrong order:
+//! fast boxes are off under `MPI_THREAD_MULTIPLE` (`module.rs`).
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
