@@ -1,10 +1,11 @@
-//! Fast boxes: small active messages between ranks of one node through shared-memory
-//! rings, beside the shm provider (as `btl/vader`'s fast boxes beside its FIFO).
+//! Fast boxes: active messages up to the eager limit between ranks of one node through
+//! shared-memory rings, beside the shm provider (as `btl/vader`'s fast boxes beside
+//! its FIFO).
 //!
 //! Why: ob1 over libfabric's shm cannot come near `btl/vader` for small messages.
 //! shm's own inject and completion path alone takes 1.6 to 2.2 times vader's whole
-//! ping-pong (README, "Why ob1 over a BTL on shm ..."). A fragment that fits a box
-//! costs a copy into the peer's ring and a copy out, with no provider call on
+//! ping-pong (README, "ob1 over our BTL on shm: fast boxes"). A fragment that fits a
+//! box costs a copy into the peer's ring and a copy out, with no provider call on
 //! either side.
 //!
 //! Layout: every module on shm creates one segment (a `memfd`, so a killed job leaves
