@@ -578,22 +578,16 @@ pub fn init(
             }
         }
     }
-    let fbox_records: Vec<Option<Vec<u8>>> = modules
-        .iter()
+    let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
+    for (mp, name) in &modules {
         // SAFETY: every module in the list is ours and live.
-        .map(|(mp, _)| unsafe { (*(*mp)).st.fbox.as_ref().map(fbox::Rx::record) })
-        .collect();
-    let blob = modex_encode(
-        modules
-            .iter()
-            .zip(&fbox_records)
-            .flat_map(|((mp, name), fb)| {
-                // SAFETY: every module in the list is ours and live.
-                let role = unsafe { (*(*mp)).st.role };
-                std::iter::once((role.record(), name.as_slice()))
-                    .chain(fb.as_deref().map(|r| (role.fbox_record(), r)))
-            }),
-    );
+        let st = unsafe { &(*(*mp)).st };
+        records.push((st.role.record(), name.clone()));
+        if let Some(rx) = &st.fbox {
+            records.push((st.role.fbox_record(), rx.record()));
+        }
+    }
+    let blob = modex_encode(records.iter().map(|(rec, data)| (*rec, data.as_slice())));
     let publish = modex::send(component(), &blob)
         .map_err(|rc| format!("publishing the endpoint names through the modex failed ({rc})"));
     // SAFETY: Open MPI frees the module array with free().
