@@ -849,7 +849,7 @@ pub(super) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
 /// # Safety
 /// `f` is a primed fragment with its header written; `slot` has room for its length.
 #[inline]
-unsafe fn fbox_write(f: *mut Frag, slot: super::fbox::Slot<'_>) {
+unsafe fn fbox_write(f: *mut Frag, slot: crate::common::fbox::Slot<'_>) {
     // SAFETY: the fragment holds its header (the tag first) and seg_len payload bytes.
     unsafe {
         let len = (*f).segment.seg_len as usize;
@@ -863,7 +863,7 @@ unsafe fn fbox_write(f: *mut Frag, slot: super::fbox::Slot<'_>) {
 /// order behind what waits (`Some(OPAL_SUCCESS)`: `drain_fbox` sends it and calls
 /// back). `None`: the fragment goes through the provider. A fragment that fits never
 /// goes through the provider, so a peer's fragments that carry ob1's matching order
-/// arrive in that order (fbox.rs).
+/// arrive in that order (common::fbox).
 ///
 /// # Safety
 /// `f` is ours, primed, header written; its endpoint came from add_procs.

@@ -4,13 +4,12 @@
 //! `component` is the exported component, `module` builds the module (provider
 //! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
 //! atomics and memory registration, `amo` atomics emulated with active messages for
-//! providers without them, `resolve` re-targets operations whose remote handle does not cover them (an osc
+//! providers without them (fast boxes, the node-local rings, are `common::fbox`), `resolve` re-targets operations whose remote handle does not cover them (an osc
 //! rdma race), `rcache` the registration cache, `stats` its counters and
 //! the RDMA counters as MPI_T performance variables.
 pub mod am;
 pub mod amo;
 pub mod component;
-pub mod fbox;
 pub mod module;
 pub mod rcache;
 pub mod rdma;

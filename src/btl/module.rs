@@ -18,12 +18,11 @@
 
 use super::am::{self, Frag, RecvBuf, HDR};
 use super::amo;
-use super::fbox;
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
 use super::resolve;
 use crate::common::sync::{MaybeLock, Serial};
-use crate::common::{self, release, DomainHandle, DomainRequest, IdMap};
+use crate::common::{self, fbox, release, DomainHandle, DomainRequest, IdMap};
 use crate::fabric::{
     AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints, MemoryRegion,
 };
@@ -46,7 +45,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct PeerEp {
     pub addr: fi::fi_addr_t,
     pub proc_: *mut sys::opal_proc_t,
-    /// The ring claimed in the peer's fast-box segment (`fbox.rs`), if any.
+    /// The ring claimed in the peer's fast-box segment (`common::fbox`), if any.
     pub fbox: Option<fbox::Tx>,
     /// Fragments to this peer waiting in `State::fbox_queue` (sent in order after them).
     pub fbox_waiting: AtomicUsize,
@@ -135,7 +134,7 @@ pub struct State {
     pub has_rdma_deferred: AtomicBool,
     /// Sends posted and not completed.
     pub send_outstanding: AtomicUsize,
-    /// This process's fast-box segment (`fbox.rs`), polled by progress.
+    /// This process's fast-box segment (`common::fbox`), polled by progress.
     pub fbox: Option<fbox::Rx>,
     /// Fragments for fast boxes that were full (or had fragments waiting before them),
     /// in order, sent by progress (`am::drain_fbox`).
@@ -534,7 +533,8 @@ pub fn init(
     let progress = progress_of(param_str(idx::PROGRESS_MODE).as_deref())?;
     // Checked here; sized per module (for its eager limit).
     let fbox = param(idx::FBOX_SIZE).max(0) as u64;
-    fbox::Sizes::new(fbox, 1).inspect_err(|e| log::warn!("{e}: the ofi BTL declines"))?;
+    fbox::Sizes::new("btl_ofi_fbox_size", fbox, 1)
+        .inspect_err(|e| log::warn!("{e}: the ofi BTL declines"))?;
 
     // SAFETY: opal_process_info and the modex are set up before BTL init.
     let (local_peers, world) = unsafe {
@@ -565,7 +565,7 @@ pub fn init(
     // on-host peers by exclusivity.
     // SAFETY: modules[0] is our fresh module.
     let primary_provider = unsafe { (*modules[0].0).st.provider.clone() };
-    if !all_local && two_sided && !is_shm(&primary_provider) && local_peers > 0 {
+    if !all_local && two_sided && !common::endpoint::is_shm(&primary_provider) && local_peers > 0 {
         match open_module(&cfg, Role::OnHost) {
             Ok(m) => {
                 log::info!(
@@ -629,10 +629,6 @@ struct Config {
     world: u32,
     /// `btl_ofi_fbox_size` (checked; 0: fast boxes off).
     fbox: u64,
-}
-
-fn is_shm(provider: &str) -> bool {
-    provider.split(';').next() == Some("shm")
 }
 
 /// Open one module: its domain, endpoint and receive buffers. Returns the module and
@@ -1106,22 +1102,26 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // Fast boxes for the module whose peers are all on this host.
     // Every fragment that carries ob1's matching order (match, rendezvous and get
     // headers, at most the eager limit) fits a box, so that a peer's such fragments
-    // take one path, in order (see fbox.rs).
+    // take one path, in order (see common::fbox).
     // Not under MPI_THREAD_MULTIPLE: there a thread's messages to a peer overtook each
     // other (mpi_tests/fbox's threads part, 1 run in CI; README "Known problems").
-    let on_shm = (is_shm(&provider) || role == Role::OnHost) && local_ranks > 1;
+    let on_shm = (common::endpoint::is_shm(&provider) || role == Role::OnHost) && local_ranks > 1;
     if fbox > 0 && on_shm && mpi_threads {
         log::info!("no fast boxes on {provider} under MPI_THREAD_MULTIPLE");
     }
     let fbox = if fbox > 0 && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0 && on_shm && !mpi_threads
     {
-        fbox::Sizes::new(fbox, sup.btl_eager_limit.max(sup.btl_rndv_eager_limit))
-            .and_then(|sizes| {
-                let sizes = sizes.ok_or("off")?;
-                fbox::Rx::create(local_ranks, sizes).map_err(|e| e.to_string())
-            })
-            .inspect_err(|e| log::info!("no fast boxes on {provider}: {e}"))
-            .ok()
+        fbox::Sizes::new(
+            "btl_ofi_fbox_size",
+            fbox,
+            sup.btl_eager_limit.max(sup.btl_rndv_eager_limit),
+        )
+        .and_then(|sizes| {
+            let sizes = sizes.ok_or("off")?;
+            fbox::Rx::create(local_ranks, sizes, sys::MCA_BTL_TAG_MAX).map_err(|e| e.to_string())
+        })
+        .inspect_err(|e| log::info!("no fast boxes on {provider}: {e}"))
+        .ok()
     } else {
         None
     };

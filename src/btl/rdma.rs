@@ -375,7 +375,7 @@ pub struct OpCounts {
     /// Gets and puts the provider refused with -FI_EAGAIN and progress posted later
     /// ([`Deferred`]).
     pub deferred: u64,
-    /// Fragments sent and received through fast boxes (`fbox.rs`).
+    /// Fragments sent and received through fast boxes (`common::fbox`).
     pub fbox_sent: u64,
     pub fbox_received: u64,
 }

@@ -2,33 +2,26 @@
 //! `btl_ofi_rdma_*`).
 //!
 //! Open MPI reads a performance variable through its `get_value` callback when a tool
-//! or test reads it, so the data path only bumps its counters and never publishes
-//! anything (the string control variables these replace were reformatted and copied
-//! at every registration and deregistration, about 8,000 instructions each).
+//! or test reads it (`ompi::pvar`), so the data path only bumps its counters and never
+//! publishes anything (the string control variables these replace were reformatted
+//! and copied at every registration and deregistration, about 8,000 instructions each).
 //! Event counts are class COUNTER: MPI_T reports the events since the handle was
 //! allocated. Live entries and bytes are class LEVEL: the current value.
-//!
-//! Registered with the component (`mca_base_component_pvar_register`), so Open MPI
-//! marks them invalid when it closes the component and never calls into an unloaded
-//! library.
 
 use super::{module, rcache, rdma};
 use crate::ompi::component::ffi_guard;
+use crate::ompi::pvar::{self, Class, COUNTER, LEVEL};
 use ompi_sys as sys;
-use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
 
 /// One performance variable: its name after `btl_ofi_`, class, description, and the
 /// value it reads from the counters.
 struct Pvar {
     name: &'static str,
-    class: sys::_bindgen_ty_29,
+    class: Class,
     help: &'static str,
     value: fn(&rcache::Stats, &rdma::OpCounts) -> u64,
 }
-
-const COUNTER: sys::_bindgen_ty_29 = sys::MCA_BASE_PVAR_CLASS_COUNTER;
-const LEVEL: sys::_bindgen_ty_29 = sys::MCA_BASE_PVAR_CLASS_LEVEL;
 
 /// The README's MPI_T table lists these; keep the two in step.
 const PVARS: &[Pvar] = &[
@@ -129,42 +122,17 @@ pub fn names() -> impl Iterator<Item = String> {
     PVARS.iter().map(|p| format!("btl_ofi_{}", p.name))
 }
 
-/// Register every variable with the BTL component; a variable Open MPI refuses is
-/// logged and skipped (the BTL works without it).
+/// Register every variable with the BTL component.
 pub fn register() {
-    let component = super::component::component_ptr();
-    for (i, p) in PVARS.iter().enumerate() {
-        let (Ok(name), Ok(help)) = (CString::new(p.name), CString::new(p.help)) else {
-            continue;
-        };
-        // SAFETY: component is our component's header (a static); name and help are copied by
-        // Open MPI; get_value stays valid until Open MPI invalidates the variable at
-        // component close (the IWG flag mca_base_component_pvar_register adds); ctx is
-        // an index, never dereferenced.
-        let rc = unsafe {
-            sys::mca_base_component_pvar_register(
-                component,
-                name.as_ptr(),
-                help.as_ptr(),
-                sys::OPAL_INFO_LVL_9,
-                p.class as c_int,
-                sys::MCA_BASE_VAR_TYPE_UNSIGNED_LONG_LONG,
-                std::ptr::null_mut(),
-                sys::MCA_BASE_VAR_BIND_NO_OBJECT as c_int,
-                sys::MCA_BASE_PVAR_FLAG_READONLY | sys::MCA_BASE_PVAR_FLAG_CONTINUOUS,
-                Some(get_value),
-                None,
-                None,
-                i as *mut c_void,
-            )
-        };
-        if rc < 0 {
-            log::debug!(
-                "btl: MPI_T variable btl_ofi_{} not registered (rc {rc})",
-                p.name
-            );
-        }
-    }
+    // SAFETY: the BTL component's header, a static.
+    unsafe {
+        pvar::register(
+            super::component::component_ptr(),
+            "btl_ofi_",
+            PVARS.iter().map(|p| (p.name, p.class, p.help)),
+            get_value,
+        )
+    };
 }
 
 /// `mca_base_get_value_fn_t`: one unsigned long long, read now.
@@ -174,15 +142,15 @@ unsafe extern "C" fn get_value(
     _obj: *mut c_void,
 ) -> c_int {
     ffi_guard("btl pvar read", sys::OPAL_ERROR, || {
-        // SAFETY: Open MPI passes the variable it registered, whose ctx is our index.
-        let i = unsafe { (*pvar).ctx } as usize;
+        // SAFETY: Open MPI passes the variable it registered.
+        let i = unsafe { pvar::index(pvar) };
         let Some(p) = PVARS.get(i) else {
             return sys::OPAL_ERR_BAD_PARAM;
         };
         let rc = module::rcache_stats().unwrap_or_default();
         let v = (p.value)(&rc, &module::op_counts());
-        // SAFETY: value points at room for one value of the registered type (count 1).
-        unsafe { *(value as *mut u64) = v };
+        // SAFETY: Open MPI's buffer for the value.
+        unsafe { pvar::write(value, v) };
         sys::OPAL_SUCCESS
     })
 }

@@ -179,7 +179,8 @@ fn set_options(ep: &Endpoint, provider: &str) {
     }
 }
 
-fn is_shm(provider: &str) -> bool {
+/// Whether `provider` (a name as `fi_info` gives it, perhaps `core;utility`) is shm.
+pub fn is_shm(provider: &str) -> bool {
     provider.split(';').next() == Some("shm")
 }
 

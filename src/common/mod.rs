@@ -131,6 +131,7 @@ impl std::hash::Hasher for IdHasher {
 }
 
 pub mod endpoint;
+pub mod fbox;
 pub mod locality;
 pub mod monitor;
 pub mod patch_check;

@@ -45,6 +45,7 @@ extern "C" fn register() -> i32 {
         let reg = Registered::register(MTL, Owner::Component(component_ptr()));
         *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
         common::register_params(component_ptr());
+        super::stats::register();
         sys::OPAL_SUCCESS
     })
 }

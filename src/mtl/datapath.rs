@@ -12,6 +12,7 @@
 //! send) or call into the PML.
 
 use super::tag::{Envelope, Proto, TagLayout};
+use crate::common::fbox;
 use crate::ompi::glue;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -477,9 +478,34 @@ impl Request {
 // Peers
 
 /// What add_procs stores in `proc_endpoints[OMPI_PROC_ENDPOINT_TAG_MTL]`.
-#[repr(C)]
 pub struct PeerEndpoint {
     pub addr: fi::fi_addr_t,
+    /// The ring claimed in the peer's fast-box segment (software matching on shm,
+    /// `softmatch`), if any.
+    pub fbox: Option<fbox::Tx>,
+}
+
+/// A peer as the send paths see it: its fabric address and fast box.
+#[derive(Clone, Copy)]
+pub struct Peer {
+    pub addr: fi::fi_addr_t,
+    fbox: *const fbox::Tx,
+}
+
+impl Peer {
+    /// A peer that cannot be named (its messages go nowhere).
+    pub const UNKNOWN: Peer = Peer {
+        addr: FI_ADDR_UNSPEC,
+        fbox: ptr::null(),
+    };
+
+    /// The ring to the peer's fast-box segment, if any.
+    #[inline(always)]
+    pub fn fbox(&self) -> Option<&fbox::Tx> {
+        // SAFETY: the ring lives in the peer's PeerEndpoint until del_procs, after
+        // which nothing is sent to the peer.
+        unsafe { self.fbox.as_ref() }
+    }
 }
 
 /// The fabric address of `rank` in `comm`, adding the proc if it was not yet known.
@@ -488,6 +514,23 @@ pub(super) fn peer_addr(
     comm: *mut sys::ompi_communicator_t,
     rank: c_int,
 ) -> Result<fi::fi_addr_t, c_int> {
+    peer(comm, rank).map(|p| p.addr)
+}
+
+/// `rank` of `comm` ([`Peer`]), adding the proc if it was not yet known.
+#[inline]
+pub(super) fn peer(comm: *mut sys::ompi_communicator_t, rank: c_int) -> Result<Peer, c_int> {
+    let of = |ep: *mut PeerEndpoint| {
+        // SAFETY: we stored a PeerEndpoint there; it lives until del_procs.
+        let ep = unsafe { &*ep };
+        Peer {
+            addr: ep.addr,
+            fbox: ep
+                .fbox
+                .as_ref()
+                .map_or(ptr::null(), |t| t as *const fbox::Tx),
+        }
+    };
     // SAFETY: comm is a live communicator the PML passed; the glue resolves sentinels.
     let proc_ = unsafe { glue::ompi_ofi_glue_comm_peer(comm, rank) };
     if proc_.is_null() {
@@ -497,8 +540,7 @@ pub(super) fn peer_addr(
     let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] }
         as *mut PeerEndpoint;
     if !ep.is_null() {
-        // SAFETY: we stored a PeerEndpoint there.
-        return Ok(unsafe { (*ep).addr });
+        return Ok(of(ep));
     }
     let mut procs = [proc_];
     super::setup::add_procs_inner(&mut procs)?;
@@ -508,8 +550,7 @@ pub(super) fn peer_addr(
     if ep.is_null() {
         Err(sys::OMPI_ERR_UNREACH)
     } else {
-        // SAFETY: as above.
-        Ok(unsafe { (*ep).addr })
+        Ok(of(ep))
     }
 }
 
@@ -697,6 +738,11 @@ fn unpack(conv: *mut sys::opal_convertor_t, buf: *mut u8, len: usize) {
 pub fn progress_mtl(m: &Mtl) -> usize {
     let gen = m.posted_gen.load(Ordering::SeqCst);
     let n = progress_cq(m);
+    if let Some(sm) = m.soft.as_deref() {
+        if sm.has_reads_waiting.load(Ordering::Acquire) {
+            super::softmatch::post_waiting_reads(m, sm);
+        }
+    }
     if m.has_deferred_sends.load(Ordering::Acquire) {
         post_deferred_sends(m);
     }
@@ -720,10 +766,17 @@ fn progress_cq(m: &Mtl) -> usize {
         },
         None => None,
     };
+    // Fast boxes first: a peer's records before its completions (they carry no order
+    // between them, see softmatch).
+    let boxed = match m.soft.as_deref() {
+        // SAFETY: under the serial section taken above.
+        Some(sm) => unsafe { sm.poll_fbox(m, m.events_per_progress) },
+        None => 0,
+    };
     if m.ctxs.len() == 1 {
-        return progress_one_cq(m, m.ctxs[0].cq, m.events_per_progress);
+        return boxed + progress_one_cq(m, m.ctxs[0].cq, m.events_per_progress);
     }
-    let mut total = 0usize;
+    let mut total = boxed;
     for (c, count) in m.ctxs.iter().zip(m.counters.per_ctx.iter()) {
         let n = progress_one_cq(m, c.cq, m.events_per_progress.saturating_sub(total).max(1));
         if n > 0 {
@@ -1411,10 +1464,11 @@ fn send_impl(
     let Some(m) = mtl() else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
-    let addr = match peer_addr(comm, dest) {
-        Ok(a) => a,
+    let to = match peer(comm, dest) {
+        Ok(p) => p,
         Err(e) => return e,
     };
+    let addr = to.addr;
     let data = match pack(conv) {
         Ok(d) => d,
         Err(e) => return e,
@@ -1425,7 +1479,7 @@ fn send_impl(
         if !sync {
             // SAFETY: data holds data.len bytes until the end of this function.
             let sent = unsafe {
-                super::softmatch::send_injected(m, sm, addr, data.ptr, data.len, bits, cqd)
+                super::softmatch::send_injected(m, sm, to, data.ptr, data.len, bits, cqd)
             };
             if let Some(rc) = sent {
                 return rc;
@@ -1435,7 +1489,7 @@ fn send_impl(
         // SAFETY: r lives on this stack until its completions (we wait below); data
         // lives until the end of this function.
         let rc = unsafe {
-            super::softmatch::send(m, sm, &mut r, addr, data.ptr, data.len, bits, cqd, sync)
+            super::softmatch::send(m, sm, &mut r, to, data.ptr, data.len, bits, cqd, sync)
         };
         if rc == super::softmatch::SENT_INLINE {
             return sys::OMPI_SUCCESS;
@@ -1499,10 +1553,11 @@ fn isend_impl(
     let r = req as *mut Request;
     // SAFETY: the PML allocated mtl_request_size bytes behind req.
     unsafe { Request::init(r, Kind::Send, comm) };
-    let addr = match peer_addr(comm, dest) {
-        Ok(a) => a,
+    let to = match peer(comm, dest) {
+        Ok(p) => p,
         Err(e) => return e,
     };
+    let addr = to.addr;
     let data = match pack(conv) {
         Ok(d) => d,
         Err(e) => return e,
@@ -1520,7 +1575,7 @@ fn isend_impl(
         // SAFETY: r is the PML's request, alive until completed; the data is the
         // user's buffer or a pack buffer the request owns until its completion.
         let rc =
-            unsafe { super::softmatch::send(m, sm, r, addr, data.ptr, data.len, bits, cqd, sync) };
+            unsafe { super::softmatch::send(m, sm, r, to, data.ptr, data.len, bits, cqd, sync) };
         if rc == super::softmatch::SENT_INLINE || rc != sys::OMPI_SUCCESS {
             // Nothing in flight: the buffer goes back to `data`, which frees it.
             // SAFETY: r is live.

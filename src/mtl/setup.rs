@@ -6,7 +6,7 @@
 
 use super::datapath::{self, Mtl, PeerEndpoint, REQUEST_EXTRA};
 use super::tag::{TagLayout, TagMode};
-use crate::common::{self, DomainHandle, DomainRequest};
+use crate::common::{self, fbox, DomainHandle, DomainRequest};
 use crate::fabric::{AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints};
 use crate::ompi::component::{ffi_guard, Exported};
 use crate::ompi::params::mtl as idx;
@@ -110,6 +110,9 @@ pub fn init_module(
     mpi_threads: bool,
 ) -> Result<*mut sys::mca_mtl_base_module_t, String> {
     check_params()?;
+    let fbox_size = param(idx::FBOX_SIZE).max(0) as u64;
+    fbox::Sizes::new("mtl_ofi_fbox_size", fbox_size, 1)
+        .inspect_err(|e| log::warn!("{e}: the ofi MTL declines"))?;
     let requested = match param(idx::TAG_MODE) {
         2 => Some(TagMode::Tag1),
         3 => Some(TagMode::Tag2),
@@ -422,9 +425,6 @@ pub fn init_module(
         eps.push(ep);
         cqs.push(cq);
     }
-    modex::send(super::component::component(), &name)
-        .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
-
     let quirks = crate::common::quirks::of(&provider);
     let (overflow, overflow_len) = if quirks.truncation_unsafe {
         overflow_area(info.max_msg_size())
@@ -543,8 +543,28 @@ pub fn init_module(
         ));
         sm.post_bounces(&state)
             .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
+        // Fast boxes (softmatch, common::fbox): on shm, with peers on the node.
+        if crate::common::endpoint::is_shm(&provider) && local_peers > 0 && sm.fbox_fits() {
+            let sizes = fbox::Sizes::new("mtl_ofi_fbox_size", fbox_size, sm.fbox_record_max())?;
+            if let Some(sizes) = sizes {
+                match fbox::Rx::create(local_peers as usize + 1, sizes, 1) {
+                    Ok(rx) => sm.fbox = Some(rx),
+                    Err(e) => log::info!("provider {provider}: no fast boxes: {e}"),
+                }
+            }
+        }
         state.soft = Some(sm);
     }
+    let fbox_record = state
+        .soft
+        .as_ref()
+        .and_then(|sm| sm.fbox.as_ref())
+        .map(|rx| rx.record());
+    modex::send(
+        super::component::component(),
+        &modex_blob(&name, fbox_record.as_deref()),
+    )
+    .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
     *lock(&RESOURCES) = Some(Resources {
         _eps: eps,
         _cqs: cqs,
@@ -650,12 +670,34 @@ fn overflow_unmap(m: &Mtl) {
     }
 }
 
+/// The MTL's modex entry: the endpoint name's length (u16, little-endian), the name,
+/// then the fast-box segment's record, if any (`common::fbox::Rx::record`).
+fn modex_blob(name: &[u8], fbox: Option<&[u8]>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + name.len() + fbox.map_or(0, |r| r.len()));
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name);
+    v.extend_from_slice(fbox.unwrap_or_default());
+    v
+}
+
+/// A peer's modex entry ([`modex_blob`]): its endpoint name and fast-box record;
+/// `None` when malformed.
+fn modex_parse(blob: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
+    let n = u16::from_le_bytes(blob.get(..2)?.try_into().ok()?) as usize;
+    let name = blob.get(2..2 + n).filter(|s| !s.is_empty())?;
+    let rest = &blob[2 + n..];
+    Some((name, (!rest.is_empty()).then_some(rest)))
+}
+
 /// Insert `procs` into the address vector (from their modex entries).
 pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int> {
     let mut res = lock(&RESOURCES);
     let Some(res) = res.as_mut() else {
         return Err(sys::OMPI_ERR_NOT_AVAILABLE);
     };
+    let fboxes = datapath::mtl()
+        .and_then(|m| m.soft.as_deref())
+        .is_some_and(|sm| sm.fbox.is_some());
     for &p in procs.iter() {
         // SAFETY: p is a live proc from the PML.
         let slot = unsafe { &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] };
@@ -664,19 +706,48 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
         }
         // SAFETY: p is live; the glue returns its embedded process name.
         let name = unsafe { &*glue::ompi_ofi_glue_proc_name(p) };
-        let addr = modex::recv(super::component::component(), name).inspect_err(|rc| {
+        let blob = modex::recv(super::component::component(), name).inspect_err(|rc| {
             log::error!(
                 "no endpoint name of a peer in the modex ({rc}): is the peer running our MTL?"
             );
         })?;
-        let fiaddr = res.av.insert(&addr).map_err(|e| {
+        let Some((addr, fbox_record)) = modex_parse(&blob) else {
+            log::error!("a peer's modex entry is malformed ({} bytes)", blob.len());
+            return Err(sys::OMPI_ERR_UNREACH);
+        };
+        let fiaddr = res.av.insert(addr).map_err(|e| {
             log::error!("fi_av_insert of a peer's address failed: {e}");
             e.to_opal()
         })?;
-        *slot = Box::into_raw(Box::new(PeerEndpoint { addr: fiaddr })) as *mut _;
+        // A fast box to a peer on this node, when both have fast boxes.
+        // SAFETY: p is live.
+        let on_node = u32::from(unsafe { (*p).super_.proc_flags }) & sys::OPAL_PROC_ON_NODE != 0;
+        let fbox = fbox_record.filter(|_| on_node && fboxes).and_then(|rec| {
+            // SAFETY: set up before MTL init.
+            let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
+            fbox::Tx::open(rec, me)
+                .inspect_err(|e| log::info!("no fast box to a peer: {e}"))
+                .ok()
+        });
+        *slot = Box::into_raw(Box::new(PeerEndpoint { addr: fiaddr, fbox })) as *mut _;
         res.peers.push(p);
     }
     Ok(())
+}
+
+/// Messages sent through fast boxes to the peers known now.
+pub fn fbox_sent() -> u64 {
+    lock(&RESOURCES).as_ref().map_or(0, |res| {
+        res.peers
+            .iter()
+            // SAFETY: each proc in the list holds our PeerEndpoint until released.
+            .filter_map(|&p| unsafe {
+                let ep = (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize]
+                    as *const PeerEndpoint;
+                ep.as_ref()?.fbox.as_ref().map(|t| t.sent())
+            })
+            .sum()
+    })
 }
 
 fn release_peers(res: &mut Resources, only: Option<&[*mut sys::ompi_proc_t]>) {
@@ -806,6 +877,7 @@ pub fn finalize() {
             }
         }
     }
+    let fbox_sent = fbox_sent();
     // Close the endpoint first: only then can nothing write into the memory that
     // receives were posted with (bounce buffers, the overflow area).
     if let Some(mut res) = lock(&RESOURCES).take() {
@@ -822,7 +894,8 @@ pub fn finalize() {
         log::debug!(
             "finalize: {} completion errors, {} EAGAIN retries, {} messages taken off a full \
              receive queue, {} peeked there that another receive took first, {} messages \
-             assembled from pieces, {} received messages rejected",
+             assembled from pieces, {} received messages rejected, {} messages sent and {} \
+             received through fast boxes",
             c.cq_errors.load(Ordering::Relaxed),
             c.eagain.load(Ordering::Relaxed),
             c.stalls_broken.load(Ordering::Relaxed),
@@ -833,7 +906,11 @@ pub fn finalize() {
             c.bad_envelopes.load(Ordering::Relaxed)
                 + m.soft
                     .as_ref()
-                    .map_or(0, |sm| sm.rejected.load(Ordering::Relaxed))
+                    .map_or(0, |sm| sm.rejected.load(Ordering::Relaxed)),
+            fbox_sent,
+            m.soft
+                .as_ref()
+                .map_or(0, |sm| sm.fbox_received.load(Ordering::Relaxed))
         );
         if !c.per_ctx.is_empty() {
             let counts: Vec<u64> = c

@@ -27,18 +27,27 @@
 //! unexpected messages, both in arrival order, under one lock.
 //! `FIN` and `ACK` carry the sender's request pointer as a token.
 //!
-//! What it owns: the bounce buffers and both lists. Delivery to a request happens after
-//! the lock is released.
+//! On shm, a peer on the node that published a fast-box segment (`common::fbox`,
+//! `mtl_ofi_fbox_size`) gets every message but `FIN` through a shared-memory ring of
+//! its own instead of the provider: an eager message as one record whatever its size
+//! (no pieces), an RTS, an `ACK` when the ring has room. So every message that carries
+//! matching order takes one path to a peer and arrives in order; `FIN` and `ACK`
+//! carry none. Progress hands each record to [`bounce_done`] as it would a receive
+//! buffer. The data of a larger message is still read through the provider.
+//!
+//! What it owns: the bounce buffers, both lists and its fast-box segment. Delivery to a
+//! request happens after the lock is released.
 
-use super::datapath::{self, Kind, Mtl, Request, FI_ADDR_UNSPEC};
+use super::datapath::{self, Kind, Mtl, Peer, Request, FI_ADDR_UNSPEC};
 use super::tag::{Proto, TagLayout};
+use crate::common::fbox;
 use crate::fabric::{Domain, MemoryRegion};
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::collections::VecDeque;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const BOUNCE_COUNT: usize = 64;
@@ -340,6 +349,15 @@ pub struct SoftMatch {
     /// read by their receiver. 0: not so; the largest eager message is what a bounce
     /// buffer holds.
     pieces_eager_max: usize,
+    /// This process's fast-box segment, polled by progress (see the module's
+    /// documentation); set by setup before the endpoint name is published.
+    pub fbox: Option<fbox::Rx>,
+    /// Records received through `fbox`.
+    pub fbox_received: AtomicU64,
+    /// Matched receives whose read the provider refused, posted by progress.
+    reads_waiting: Mutex<VecDeque<*mut Request>>,
+    /// Mirrors `!reads_waiting.is_empty()`.
+    pub has_reads_waiting: AtomicBool,
 }
 
 /// The largest eager message where sends longer than one packet are unsafe
@@ -555,6 +573,10 @@ impl SoftMatch {
             order: ordered.then(|| Order::new(process_id())),
             send_window,
             pieces_eager_max: if piece_max > 0 { pieces_eager_max } else { 0 },
+            fbox: None,
+            fbox_received: AtomicU64::new(0),
+            reads_waiting: Mutex::new(VecDeque::new()),
+            has_reads_waiting: AtomicBool::new(false),
         }
     }
 
@@ -614,6 +636,40 @@ impl SoftMatch {
         }
     }
 
+    /// Whether fast boxes may carry this instance's messages: the provider keeps each
+    /// peer's order (nothing numbered) and takes injects (no send window).
+    pub fn fbox_fits(&self) -> bool {
+        self.order.is_none() && self.send_window == 0
+    }
+
+    /// The largest record a fast box must carry: a header and the largest eager
+    /// message.
+    pub fn fbox_record_max(&self) -> usize {
+        HDR_LEN + self.eager_max()
+    }
+
+    /// Hand every record waiting in this process's fast boxes to [`bounce_done`], up
+    /// to `budget` per ring; returns how many.
+    ///
+    /// # Safety
+    /// Under the progress serial section (one poller).
+    pub unsafe fn poll_fbox(&self, m: &Mtl, budget: usize) -> usize {
+        let Some(rx) = self.fbox.as_ref() else {
+            return 0;
+        };
+        // SAFETY: one poller (the caller's contract); the record is valid until the
+        // closure returns, and bounce_done keeps no reference into it.
+        let n = unsafe {
+            rx.poll(budget, |_, p, len| {
+                bounce_done(m, self, std::slice::from_raw_parts(p, len))
+            })
+        };
+        if n > 0 {
+            self.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        n
+    }
+
     /// The receive buffers, in words.
     pub fn buffers(&self) -> String {
         let order = if self.order.is_some() {
@@ -621,10 +677,19 @@ impl SoftMatch {
         } else {
             ""
         };
+        let boxes = self.fbox.as_ref().map_or(String::new(), |rx| {
+            format!(
+                ", fast boxes of {} bytes to the ranks of this node (every message but the \
+                 data of larger ones)",
+                rx.sizes().cap
+            )
+        });
         if self.multi {
-            format!("{MULTI_COUNT} multi-receive buffers of {MULTI_SLOTS} largest messages{order}")
+            format!(
+                "{MULTI_COUNT} multi-receive buffers of {MULTI_SLOTS} largest messages{order}{boxes}"
+            )
         } else {
-            format!("{BOUNCE_COUNT} receive buffers{order}")
+            format!("{BOUNCE_COUNT} receive buffers{order}{boxes}")
         }
     }
 
@@ -650,6 +715,10 @@ impl SoftMatch {
             repost(m, self, p)?;
         }
         Ok(())
+    }
+
+    fn reads(&self) -> std::sync::MutexGuard<'_, VecDeque<*mut Request>> {
+        self.reads_waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn expect(&self, token: u64, kind: u32) {
@@ -721,13 +790,18 @@ fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> Result<(), c_int> {
     Ok(())
 }
 
-/// Send a control message (FIN or ACK) with `token` to `addr`.
-fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
+/// Send a control message (FIN or ACK) with `token` to `addr`: through `fbox` when
+/// given and not full (control messages carry no order), else through the provider.
+fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, token: u64) {
     let h = Hdr {
         kind,
         token,
         ..Default::default()
     };
+    // SAFETY: h is a header; no payload.
+    if fbox.is_some_and(|tx| unsafe { fbox_post(tx, &h, ptr::null(), 0) } == 0) {
+        return;
+    }
     let ret = datapath::retry(m, || {
         // SAFETY: inject copies the header before returning.
         unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
@@ -742,6 +816,29 @@ fn control(m: &Mtl, addr: u64, kind: u32, token: u64) {
 
 // ---------------------------------------------------------------------------
 // Sending
+
+/// Post header `h` and `len` bytes at `data` as one record in fast box `tx`: 0, or
+/// -FI_EAGAIN when the ring is full (the caller progresses and retries, as for the
+/// provider).
+///
+/// # Safety
+/// `data` holds `len` bytes; `HDR_LEN + len` is at most the ring's largest record.
+#[inline]
+unsafe fn fbox_post(tx: &fbox::Tx, h: &Hdr, data: *const u8, len: usize) -> isize {
+    let Some(slot) = tx.reserve(HDR_LEN + len) else {
+        return -(fi::FI_EAGAIN as isize);
+    };
+    let p = slot.payload();
+    // SAFETY: the slot has room for HDR_LEN + len bytes; the sources hold them.
+    unsafe {
+        ptr::copy_nonoverlapping(h as *const Hdr as *const u8, p, HDR_LEN);
+        if len > 0 {
+            ptr::copy_nonoverlapping(data, p.add(HDR_LEN), len);
+        }
+    }
+    slot.commit(HDR_LEN + len, 0);
+    0
+}
 
 /// [`send`] returned this: the message went out with inject, the request is done.
 pub const SENT_INLINE: c_int = 1;
@@ -928,7 +1025,7 @@ fn process_id() -> u64 {
 pub unsafe fn send_injected(
     m: &Mtl,
     sm: &SoftMatch,
-    addr: u64,
+    peer: Peer,
     ptr_: *const u8,
     len: usize,
     bits: u64,
@@ -941,8 +1038,14 @@ pub unsafe fn send_injected(
         len: len as u64,
         ..Default::default()
     };
-    // SAFETY: forwarded.
-    let ret = unsafe { inject_whole(m, sm, &hdr, ptr_, len, addr) }?;
+    let ret = match peer.fbox() {
+        Some(tx) if len <= sm.eager_max() => datapath::retry(m, || {
+            // SAFETY: forwarded; an eager message fits a record.
+            unsafe { fbox_post(tx, &hdr, ptr_, len) }
+        }),
+        // SAFETY: forwarded.
+        _ => unsafe { inject_whole(m, sm, &hdr, ptr_, len, peer.addr) }?,
+    };
     Some(if ret < 0 {
         datapath::fi_to_ompi(ret)
     } else {
@@ -1008,7 +1111,7 @@ pub unsafe fn send(
     m: &Mtl,
     sm: &SoftMatch,
     r: *mut Request,
-    addr: u64,
+    peer: Peer,
     ptr_: *const u8,
     len: usize,
     bits: u64,
@@ -1017,7 +1120,33 @@ pub unsafe fn send(
 ) -> c_int {
     // SAFETY: r is live (the PML's request or the caller's stack request).
     let rq = unsafe { &mut *r };
+    let addr = peer.addr;
     rq.sm_addr = addr;
+    if let (Some(tx), true) = (peer.fbox(), len <= sm.eager_max()) {
+        rq.sm_hdr = Hdr {
+            kind: EAGER,
+            bits,
+            data,
+            len: len as u64,
+            token: r as u64,
+            ..Default::default()
+        };
+        // The record is the whole message: only a synchronous send's ACK is left.
+        rq.pending.store(sync as i32, Ordering::Release);
+        if sync {
+            sm.expect(r as u64, ACK);
+        }
+        let h = rq.sm_hdr;
+        // SAFETY: ptr_ holds len bytes; an eager message fits a record.
+        let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
+        if ret < 0 {
+            if sync {
+                sm.forget(r as u64);
+            }
+            return datapath::fi_to_ompi(ret);
+        }
+        return if sync { sys::OMPI_SUCCESS } else { SENT_INLINE };
+    }
     if len <= sm.eager_max() {
         rq.sm_hdr = Hdr {
             kind: EAGER,
@@ -1151,6 +1280,10 @@ pub unsafe fn send(
     let h = rq.sm_hdr;
     sm.expect(r as u64, FIN);
     let ret = datapath::retry(m, || {
+        if let Some(tx) = peer.fbox() {
+            // SAFETY: a header, no payload.
+            return unsafe { fbox_post(tx, &h, ptr::null(), 0) };
+        }
         sm.numbered(addr, |seq, src| {
             let h = Hdr { seq, src, ..h };
             // SAFETY: inject copies the header.
@@ -1206,7 +1339,7 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
         }
     };
     // Only acknowledgements and reads need the sender's address.
-    let addr = || datapath::peer_addr(rq.comm, source).unwrap_or(FI_ADDR_UNSPEC);
+    let peer = || datapath::peer(rq.comm, source).unwrap_or(Peer::UNKNOWN);
     match what {
         Delivery::Eager(_) | Delivery::Filled(_) | Delivery::Lost => {
             let mut status = sys::MPI_SUCCESS as c_int;
@@ -1228,18 +1361,20 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 Delivery::Rts => unreachable!(),
             };
             if l.proto(hdr.bits) == Proto::Sync {
-                control(m, addr(), ACK, hdr.token);
+                let p = peer();
+                control(m, p.addr, p.fbox(), ACK, hdr.token);
             }
             // SAFETY: r is live.
             unsafe { datapath::recv_done_with(m, r, env, len, false, status) };
         }
         Delivery::Rts => {
-            let addr = addr();
+            let p = peer();
+            let addr = p.addr;
             let n = (hdr.len as usize).min(rq.length);
             rq.sm_hdr = hdr;
             rq.sm_addr = addr;
             if n == 0 {
-                control(m, addr, FIN, hdr.token);
+                control(m, addr, p.fbox(), FIN, hdr.token);
                 // SAFETY: r is live.
                 unsafe {
                     datapath::recv_done_with(
@@ -1254,34 +1389,101 @@ fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&
                 return;
             }
             rq.kind = Kind::SmRead;
-            let (buf, ctx) = (rq.buffer, rq.ctx_ptr());
-            let ret = datapath::retry(m, || {
-                // SAFETY: buf holds n bytes until the read completes.
-                unsafe {
-                    fi::fi_read(
-                        m.ep(),
-                        buf as *mut c_void,
-                        n,
-                        ptr::null_mut(),
-                        addr,
-                        hdr.addr,
-                        hdr.key,
-                        ctx,
-                    )
+            // Not retried here: this may run inside progress, which then cannot read
+            // the completions that make room, and shm refuses a peer's first operation
+            // until that peer's progress has seen it (a peer reached only through fast
+            // boxes until now). A refused read waits in `reads_waiting`.
+            // SAFETY: r is a live receive in SmRead state.
+            let ret = unsafe { post_read(m, r) };
+            if ret == -(fi::FI_EAGAIN as isize) {
+                if let Some(sm) = m.soft.as_deref() {
+                    sm.reads().push_back(r);
+                    sm.has_reads_waiting.store(true, Ordering::Release);
+                    return;
                 }
-            });
+            }
             if ret < 0 {
-                log::error!(
-                    "reading a {n}-byte message failed: {}",
-                    crate::fabric::Error::from_ret(ret)
-                );
-                rq.kind = Kind::Recv;
-                control(m, addr, FIN, hdr.token);
                 // SAFETY: r is live.
-                unsafe { fail_recv(m, r, &hdr) };
+                unsafe { read_failed(m, r, ret) };
             }
         }
     }
+}
+
+/// Post the read of receive `r` (in SmRead state, its RTS in `sm_hdr`): the
+/// provider's code.
+///
+/// # Safety
+/// `r` is a live receive whose buffer holds its length until the read completes.
+unsafe fn post_read(m: &Mtl, r: *mut Request) -> isize {
+    // SAFETY: forwarded.
+    let rq = unsafe { &mut *r };
+    let hdr = rq.sm_hdr;
+    let n = (hdr.len as usize).min(rq.length);
+    let _g = m.lock.lock();
+    // SAFETY: the buffer holds n bytes until the read completes.
+    unsafe {
+        fi::fi_read(
+            m.ep(),
+            rq.buffer as *mut c_void,
+            n,
+            ptr::null_mut(),
+            rq.sm_addr,
+            hdr.addr,
+            hdr.key,
+            rq.ctx_ptr(),
+        )
+    }
+}
+
+/// The read of receive `r` could not be posted (`ret`): tell the sender, fail the
+/// receive.
+///
+/// # Safety
+/// `r` is a live receive in SmRead state.
+unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
+    // SAFETY: forwarded.
+    let rq = unsafe { &mut *r };
+    let hdr = rq.sm_hdr;
+    log::error!(
+        "reading a {}-byte message failed: {}",
+        hdr.len,
+        crate::fabric::Error::from_ret(ret)
+    );
+    rq.kind = Kind::Recv;
+    control(m, rq.sm_addr, sender_fbox(m, rq), FIN, hdr.token);
+    // SAFETY: r is live.
+    unsafe { fail_recv(m, r, &hdr) };
+}
+
+/// The fast box to the sender of the message receive `rq` holds (`sm_hdr`), if any.
+fn sender_fbox<'a>(m: &Mtl, rq: &Request) -> Option<&'a fbox::Tx> {
+    let env = datapath::envelope(m, rq.comm, rq.sm_hdr.bits, rq.sm_hdr.data).ok()?;
+    let p = datapath::peer(rq.comm, env.source).ok()?;
+    // SAFETY: the ring lives in the peer's endpoint until del_procs (Peer::fbox).
+    p.fbox().map(|t| unsafe { &*(t as *const fbox::Tx) })
+}
+
+/// Post the reads the provider refused (see [`deliver`]), in order, until it refuses
+/// one again. Called by progress outside its serial section.
+pub fn post_waiting_reads(m: &Mtl, sm: &SoftMatch) {
+    loop {
+        let Some(r) = sm.reads().pop_front() else {
+            break;
+        };
+        // SAFETY: a live receive in SmRead state, queued by deliver.
+        let ret = unsafe { post_read(m, r) };
+        if ret == -(fi::FI_EAGAIN as isize) {
+            sm.reads().push_front(r);
+            return;
+        }
+        if ret < 0 {
+            // SAFETY: as above.
+            unsafe { read_failed(m, r, ret) };
+        }
+    }
+    let q = sm.reads();
+    sm.has_reads_waiting.store(!q.is_empty(), Ordering::Release);
 }
 
 /// Complete receive `r`, matched with the message of `hdr`, with an internal error
@@ -1313,7 +1515,7 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     let rq = unsafe { &mut *r };
     rq.kind = Kind::Recv;
     let hdr = rq.sm_hdr;
-    control(m, rq.sm_addr, FIN, hdr.token);
+    control(m, rq.sm_addr, sender_fbox(m, rq), FIN, hdr.token);
     // SAFETY: r is live.
     unsafe {
         datapath::recv_done(
@@ -1655,8 +1857,8 @@ pub fn claim(
     };
     if u.hdr.kind == EAGER && m.layout.proto(u.hdr.bits) == Proto::Sync {
         if let Ok(env) = datapath::envelope(m, comm, u.hdr.bits, u.hdr.data) {
-            if let Ok(addr) = datapath::peer_addr(comm, env.source) {
-                control(m, addr, ACK, u.hdr.token);
+            if let Ok(p) = datapath::peer(comm, env.source) {
+                control(m, p.addr, p.fbox(), ACK, u.hdr.token);
             }
         }
         let mut u = u;

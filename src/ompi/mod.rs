@@ -6,3 +6,4 @@ pub mod glue;
 pub mod modex;
 pub mod output;
 pub mod params;
+pub mod pvar;

@@ -1,14 +1,14 @@
-//! Fast boxes: active messages up to the eager limit between ranks of one node through
+//! Fast boxes: messages up to an eager limit between ranks of one node through
 //! shared-memory rings, beside the shm provider (as `btl/vader`'s fast boxes beside
-//! its FIFO).
+//! its FIFO). The BTL sends its active messages through them (`btl::am`), and the
+//! MTL's software matching its messages (`mtl::softmatch`).
 //!
-//! Why: ob1 over libfabric's shm cannot come near `btl/vader` for small messages.
-//! shm's own inject and completion path alone takes 1.6 to 2.2 times vader's whole
-//! ping-pong (README, "ob1 over our BTL on shm: fast boxes"). A fragment that fits a
-//! box costs a copy into the peer's ring and a copy out, with no provider call on
-//! either side.
+//! Why: libfabric's shm cannot come near `btl/vader` for small messages. shm's own
+//! inject and completion path alone takes 1.6 to 2.2 times vader's whole ping-pong
+//! (README, "ob1 over our BTL on shm: fast boxes"). A message that fits a box costs a
+//! copy into the peer's ring and a copy out, with no provider call on either side.
 //!
-//! Layout: every module on shm creates one segment (a `memfd`, so a killed job leaves
+//! Layout: every user on shm creates one segment (a `memfd`, so a killed job leaves
 //! nothing in `/dev/shm`), with one ring per possible sender on the node, and
 //! publishes `(pid, fd, cookie)` in the modex. A peer opens it through
 //! `/proc/<pid>/fd/<fd>`, claims a ring (its own local rank's first) by writing its pid
@@ -29,17 +29,17 @@
 //! receiver to offset 0. The sender reads the receiver's tail only when its last view
 //! of it leaves too little room.
 //!
-//! Every fragment up to the eager limit goes through the box (rings are sized for it),
-//! and when a ring is full it waits in order behind the peer's other waiting fragments
-//! (`am::fbox_send`, `am::drain_fbox`): never through the provider. So every fragment
-//! that carries ob1's matching order (match, rendezvous and get headers) takes one
-//! path to a peer and arrives in order. Larger fragments (ob1's pipelined data, which
-//! carries offsets) and RDMA go through the provider. Mixing paths for the small ones
-//! was tried first: ob1 then sees many fragments out of sequence, and under
-//! `MPI_THREAD_MULTIPLE` a receive completed with no message (`mpi_tests/fbox.c`,
-//! 3 runs of 6 at 4 ranks). Even with one path, threads sharing a communicator put
-//! fragments out of sequence, and a thread's messages once matched in the wrong order:
-//! fast boxes are off under `MPI_THREAD_MULTIPLE` (`module.rs`).
+//! Order: a ring delivers in the order records were committed. A user that also sends
+//! to the same peer through the provider must keep every message that carries
+//! matching order on one path (the BTL: every fragment up to the eager limit goes
+//! through the box, waiting in order when the ring is full, `btl::am::fbox_send`; the
+//! MTL: every message of software matching but its FIN and ACK, which carry no order).
+//! For the BTL, mixing paths was tried first: ob1 then sees many fragments out of
+//! sequence, and under `MPI_THREAD_MULTIPLE` a receive completed with no message
+//! (`mpi_tests/fbox.c`, 3 runs of 6 at 4 ranks). Even with one path, threads sharing a
+//! communicator put fragments out of sequence, and a thread's messages once matched in
+//! the wrong order: the BTL's fast boxes are off under `MPI_THREAD_MULTIPLE`
+//! (`btl/module.rs`).
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
@@ -75,12 +75,13 @@ fn header(len: usize, tag: u8, kind: u64) -> u64 {
     len as u64 | (tag as u64) << 32 | kind << 40 | REC_MAGIC << 48
 }
 
-/// The sizes of a module's rings, from `btl_ofi_fbox_size` and the eager limit.
+/// The sizes of a segment's rings, from a `*_ofi_fbox_size` parameter and the eager
+/// limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     /// Data bytes of each ring (a multiple of 64).
     pub cap: usize,
-    /// The largest payload a record carries (the module's eager limit).
+    /// The largest payload a record carries (the user's eager limit).
     pub max: usize,
 }
 
@@ -91,16 +92,17 @@ impl Sizes {
         (cap / 4).saturating_sub(2 * REC_HDR) / 8 * 8
     }
 
-    /// The sizes from `btl_ofi_fbox_size` for records of up to `max` bytes (the
-    /// module's eager limit): `None` when `size` is 0 (fast boxes off); a ring too small
-    /// for `max` grown to fit it (logged); a size outside 4096 to 16 MiB refused.
-    pub fn new(size: u64, max: usize) -> Result<Option<Sizes>, String> {
+    /// The sizes from parameter `param` (`btl_ofi_fbox_size`, `mtl_ofi_fbox_size`) of
+    /// value `size` for records of up to `max` bytes (the user's eager limit): `None`
+    /// when `size` is 0 (fast boxes off); a ring too small for `max` grown to fit it
+    /// (logged); a size outside 4096 to 16 MiB refused.
+    pub fn new(param: &str, size: u64, max: usize) -> Result<Option<Sizes>, String> {
         if size == 0 {
             return Ok(None);
         }
         if !(4096..=1 << 24).contains(&size) {
             return Err(format!(
-                "btl_ofi_fbox_size={size}: expected 0 (off) or 4096 to 16 MiB"
+                "{param}={size}: expected 0 (off) or 4096 to 16 MiB"
             ));
         }
         let max = max.max(1);
@@ -108,7 +110,7 @@ impl Sizes {
         if Sizes::max_for(cap) < max {
             let need = (4 * (max.div_ceil(8) * 8 + 2 * REC_HDR)).div_ceil(64) * 64;
             log::info!(
-                "btl_ofi_fbox_size={size} cannot hold fragments of {max} B (the eager limit): \
+                "{param}={size} cannot hold messages of {max} B (the eager limit): \
                  fast boxes of {need} B"
             );
             cap = need;
@@ -181,8 +183,10 @@ pub struct Rx {
     cookie: u64,
     rings: usize,
     sizes: Sizes,
+    /// Tags of valid records are below this.
+    tags: u32,
     /// The next record's position in each ring (bytes since the start, not wrapped).
-    /// Only the thread in the module's progress touches them.
+    /// Only the thread in its user's progress touches them.
     tails: Box<[AtomicU64]>,
 }
 
@@ -192,8 +196,9 @@ unsafe impl Send for Rx {}
 unsafe impl Sync for Rx {}
 
 impl Rx {
-    /// Create a segment with room for `rings` senders.
-    pub fn create(rings: usize, sizes: Sizes) -> io::Result<Rx> {
+    /// Create a segment with room for `rings` senders, whose records carry tags below
+    /// `tags` (a record with another is malformed).
+    pub fn create(rings: usize, sizes: Sizes, tags: u32) -> io::Result<Rx> {
         let len = ring_offset(rings, sizes.cap);
         let name = CString::new("ompi-ofi-fbox").expect("no NUL");
         // SAFETY: a plain syscall with a valid name.
@@ -222,8 +227,14 @@ impl Rx {
             cookie,
             rings,
             sizes,
+            tags,
             tails: (0..rings).map(|_| AtomicU64::new(0)).collect(),
         })
+    }
+
+    /// The sizes of the segment's rings.
+    pub fn sizes(&self) -> Sizes {
+        self.sizes
     }
 
     /// What peers need to open the segment (published in the modex).
@@ -245,7 +256,7 @@ impl Rx {
     /// returns. A malformed record stops its ring for good, with an error logged.
     ///
     /// # Safety
-    /// One caller at a time (the module's progress, under its serial section).
+    /// One caller at a time (its user's progress, under a serial section).
     pub unsafe fn poll(&self, budget: usize, mut f: impl FnMut(u8, *mut u8, usize)) -> usize {
         let cap = self.sizes.cap;
         let mut n = 0;
@@ -273,7 +284,7 @@ impl Rx {
                         KIND_MSG => {
                             len <= self.sizes.max
                                 && off + rec_len(len) <= cap
-                                && (tag as u32) < ompi_sys::MCA_BTL_TAG_MAX
+                                && (tag as u32) < self.tags
                         }
                         _ => false,
                     };
@@ -543,7 +554,12 @@ mod tests {
     use super::*;
 
     fn pair(rings: usize, cap: u64, max: usize) -> (Rx, Tx) {
-        let rx = Rx::create(rings, Sizes::new(cap, max).unwrap().unwrap()).unwrap();
+        let rx = Rx::create(
+            rings,
+            Sizes::new("fbox_size", cap, max).unwrap().unwrap(),
+            256,
+        )
+        .unwrap();
         let tx = Tx::open(&rx.record(), 0).unwrap();
         (rx, tx)
     }
@@ -561,18 +577,24 @@ mod tests {
 
     #[test]
     fn sizes_are_checked() {
-        assert_eq!(Sizes::new(0, 4096), Ok(None));
-        assert!(Sizes::new(1000, 16).is_err());
-        assert!(Sizes::new((1 << 24) + 64, 16).is_err());
+        assert_eq!(Sizes::new("fbox_size", 0, 4096), Ok(None));
+        assert!(Sizes::new("fbox_size", 1000, 16).is_err());
+        assert!(Sizes::new("fbox_size", (1 << 24) + 64, 16).is_err());
         let s = |cap, max| Ok(Some(Sizes { cap, max }));
-        assert_eq!(Sizes::new(65536, 8192), s(65536, 8192));
-        assert_eq!(Sizes::new(65600, 8192), s(65600, 8192));
-        assert_eq!(Sizes::new(4100, 8192), s(32832, 8192));
-        assert_eq!(Sizes::new(1 << 24, 1 << 22), s((1 << 24) + 64, 1 << 22));
-        assert_eq!(Sizes::new(1 << 24, 1 << 23), s((1 << 25) + 64, 1 << 23));
+        assert_eq!(Sizes::new("fbox_size", 65536, 8192), s(65536, 8192));
+        assert_eq!(Sizes::new("fbox_size", 65600, 8192), s(65600, 8192));
+        assert_eq!(Sizes::new("fbox_size", 4100, 8192), s(32832, 8192));
+        assert_eq!(
+            Sizes::new("fbox_size", 1 << 24, 1 << 22),
+            s((1 << 24) + 64, 1 << 22)
+        );
+        assert_eq!(
+            Sizes::new("fbox_size", 1 << 24, 1 << 23),
+            s((1 << 25) + 64, 1 << 23)
+        );
         for size in [4096u64, 4160, 32768, 1 << 20, 1 << 24] {
             for max in [1usize, 8, 1000, 4096, 8192, 65536, 1 << 22] {
-                let z = Sizes::new(size, max).unwrap().unwrap();
+                let z = Sizes::new("fbox_size", size, max).unwrap().unwrap();
                 assert_eq!(z.max, max);
                 assert!(Sizes::valid(z.cap, z.max), "{size} {max}");
                 // Two largest records, their header words and a wrap's waste fit.
@@ -635,7 +657,7 @@ mod tests {
 
     #[test]
     fn rings_are_claimed_once_and_freed_on_drop() {
-        let rx = Rx::create(2, Sizes::new(4096, 64).unwrap().unwrap()).unwrap();
+        let rx = Rx::create(2, Sizes::new("fbox_size", 4096, 64).unwrap().unwrap(), 256).unwrap();
         assert_eq!(rx.sizes, Sizes { cap: 4096, max: 64 });
         let a = Tx::open(&rx.record(), 1).unwrap();
         let b = Tx::open(&rx.record(), 1).unwrap();
