@@ -28,12 +28,13 @@
 //! `FIN` and `ACK` carry the sender's request pointer as a token.
 //!
 //! On shm, a peer on the node that published a fast-box segment (`common::fbox`,
-//! `mtl_ofi_fbox_size`) gets every message but `FIN` through a shared-memory ring of
-//! its own instead of the provider: an eager message as one record whatever its size
-//! (no pieces), an RTS, an `ACK` when the ring has room. So every message that carries
-//! matching order takes one path to a peer and arrives in order; `FIN` and `ACK`
-//! carry none. Progress hands each record to [`bounce_done`] as it would a receive
-//! buffer. The data of a larger message is still read through the provider.
+//! `mtl_ofi_fbox_size`) gets its messages through a shared-memory ring of its own
+//! instead of the provider: an eager message as one record whatever its size (no
+//! pieces), an RTS; a `FIN` or `ACK` when the ring has room, else through the provider
+//! (they carry no order, and may be sent inside progress, which must not wait for
+//! room). So every message that carries matching order takes one path to a peer and
+//! arrives in order. Progress hands each record to [`bounce_done`] as it would a
+//! receive buffer. The data of a larger message is still read through the provider.
 //!
 //! What it owns: the bounce buffers, both lists and its fast-box segment. Delivery to a
 //! request happens after the lock is released.
