@@ -695,9 +695,11 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
     let Some(res) = res.as_mut() else {
         return Err(sys::OMPI_ERR_NOT_AVAILABLE);
     };
-    let fboxes = datapath::mtl()
+    // The largest record this process sends through a fast box, if it has them.
+    let fbox_max = datapath::mtl()
         .and_then(|m| m.soft.as_deref())
-        .is_some_and(|sm| sm.fbox.is_some());
+        .filter(|sm| sm.fbox.is_some())
+        .map(|sm| sm.fbox_record_max());
     for &p in procs.iter() {
         // SAFETY: p is a live proc from the PML.
         let slot = unsafe { &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] };
@@ -722,13 +724,25 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
         // A fast box to a peer on this node, when both have fast boxes.
         // SAFETY: p is live.
         let on_node = u32::from(unsafe { (*p).super_.proc_flags }) & sys::OPAL_PROC_ON_NODE != 0;
-        let fbox = fbox_record.filter(|_| on_node && fboxes).and_then(|rec| {
-            // SAFETY: set up before MTL init.
-            let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
-            fbox::Tx::open(rec, me)
-                .inspect_err(|e| log::info!("no fast box to a peer: {e}"))
-                .ok()
-        });
+        let fbox = fbox_max
+            .zip(fbox_record)
+            .filter(|_| on_node)
+            .and_then(|(max, rec)| {
+                // SAFETY: set up before MTL init.
+                let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
+                // A peer whose records are smaller than ours (another eager size) is
+                // sent to through the provider.
+                fbox::Tx::open(rec, me)
+                    .and_then(|tx| {
+                        if tx.max() >= max {
+                            Ok(tx)
+                        } else {
+                            Err(format!("its records hold {} B, ours {max} B", tx.max()))
+                        }
+                    })
+                    .inspect_err(|e| log::info!("no fast box to a peer: {e}"))
+                    .ok()
+            });
         *slot = Box::into_raw(Box::new(PeerEndpoint { addr: fiaddr, fbox })) as *mut _;
         res.peers.push(p);
     }
