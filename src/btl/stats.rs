@@ -1,5 +1,5 @@
 //! The BTL's counters as MPI_T performance variables (`btl_ofi_rcache_*`,
-//! `btl_ofi_rdma_*`).
+//! `btl_ofi_rdma_*`, `btl_ofi_fbox_*`).
 //!
 //! Open MPI reads a performance variable through its `get_value` callback when a tool
 //! or test reads it (`ompi::pvar`), so the data path only bumps its counters and never
@@ -9,150 +9,127 @@
 //! allocated. Live entries and bytes are class LEVEL: the current value.
 
 use super::{module, rcache, rdma};
-use crate::ompi::component::ffi_guard;
-use crate::ompi::pvar::{self, Class, COUNTER, LEVEL};
+use crate::ompi::pvar::{self, Table, Var, COUNTER, LEVEL};
 use ompi_sys as sys;
-use std::os::raw::{c_int, c_void};
 
-/// One performance variable: its name after `btl_ofi_`, class, description, and the
-/// value it reads from the counters.
-struct Pvar {
-    name: &'static str,
-    class: Class,
-    help: &'static str,
-    value: fn(&rcache::Stats, &rdma::OpCounts) -> u64,
+/// The BTL's variables (`ompi::pvar`).
+pub struct Btl;
+
+// SAFETY: component() is the BTL component's header, a static.
+unsafe impl Table for Btl {
+    type Counts = (rcache::Stats, rdma::OpCounts);
+    const PREFIX: &'static str = "btl_ofi_";
+    const VARS: &'static [Var<Self::Counts>] = PVARS;
+
+    fn component() -> *const sys::mca_base_component_t {
+        super::component::component_ptr()
+    }
+
+    fn counts() -> Self::Counts {
+        (
+            module::rcache_stats().unwrap_or_default(),
+            module::op_counts(),
+        )
+    }
 }
 
 /// The README's MPI_T table lists these; keep the two in step.
-const PVARS: &[Pvar] = &[
-    Pvar {
+const PVARS: &[Var<(rcache::Stats, rdma::OpCounts)>] = &[
+    Var {
         name: "rcache_hits",
         class: COUNTER,
         help: "Registrations served from the BTL's registration cache",
-        value: |s, _| s.hits,
+        value: |(s, _)| s.hits,
     },
-    Pvar {
+    Var {
         name: "rcache_misses",
         class: COUNTER,
         help: "Registrations the registration cache had to make (and then kept)",
-        value: |s, _| s.misses,
+        value: |(s, _)| s.misses,
     },
-    Pvar {
+    Var {
         name: "rcache_invalidations",
         class: COUNTER,
         help: "Cached registrations invalidated because their memory was released",
-        value: |s, _| s.invalidations,
+        value: |(s, _)| s.invalidations,
     },
-    Pvar {
+    Var {
         name: "rcache_evictions",
         class: COUNTER,
         help: "Cached registrations evicted to stay within btl_ofi_rcache_max_entries and btl_ofi_rcache_max_bytes",
-        value: |s, _| s.evictions,
+        value: |(s, _)| s.evictions,
     },
-    Pvar {
+    Var {
         name: "rcache_uncached",
         class: COUNTER,
         help: "Registrations made outside the cache (caching off, cache full of registrations in use, or no memory release events)",
-        value: |s, _| s.uncached,
+        value: |(s, _)| s.uncached,
     },
-    Pvar {
+    Var {
         name: "rcache_live_entries",
         class: LEVEL,
         help: "Registrations the cache holds now",
-        value: |s, _| s.live_entries,
+        value: |(s, _)| s.live_entries,
     },
-    Pvar {
+    Var {
         name: "rcache_live_bytes",
         class: LEVEL,
         help: "Bytes the cache's registrations cover now",
-        value: |s, _| s.live_bytes,
+        value: |(s, _)| s.live_bytes,
     },
-    Pvar {
+    Var {
         name: "rdma_puts",
         class: COUNTER,
         help: "Puts posted through the BTL (btl_put), by the provider or emulated",
-        value: |_, o| o.puts,
+        value: |(_, o)| o.puts,
     },
-    Pvar {
+    Var {
         name: "rdma_gets",
         class: COUNTER,
         help: "Gets posted through the BTL (btl_get), by the provider or emulated",
-        value: |_, o| o.gets,
+        value: |(_, o)| o.gets,
     },
-    Pvar {
+    Var {
         name: "rdma_atomics",
         class: COUNTER,
         help: "Non-fetching atomics posted through the BTL (btl_atomic_op)",
-        value: |_, o| o.atomics,
+        value: |(_, o)| o.atomics,
     },
-    Pvar {
+    Var {
         name: "rdma_fetching_atomics",
         class: COUNTER,
         help: "Fetching atomics posted through the BTL (btl_atomic_fop)",
-        value: |_, o| o.fetching_atomics,
+        value: |(_, o)| o.fetching_atomics,
     },
-    Pvar {
+    Var {
         name: "rdma_deferred",
         class: COUNTER,
         help: "Gets and puts the provider refused with -FI_EAGAIN, queued and posted again by progress (ob1 would otherwise send the message by copy)",
-        value: |_, o| o.deferred,
+        value: |(_, o)| o.deferred,
     },
-    Pvar {
+    Var {
         name: "rdma_cswaps",
         class: COUNTER,
         help: "Compare-and-swaps posted through the BTL (btl_atomic_cswap)",
-        value: |_, o| o.cswaps,
+        value: |(_, o)| o.cswaps,
     },
-    Pvar {
+    Var {
         name: "fbox_sent",
         class: COUNTER,
         help: "Active-message fragments sent through fast boxes (shared-memory rings to peers on this node, btl_ofi_fbox_size)",
-        value: |_, o| o.fbox_sent,
+        value: |(_, o)| o.fbox_sent,
     },
-    Pvar {
+    Var {
         name: "fbox_received",
         class: COUNTER,
         help: "Active-message fragments received through this process's fast boxes",
-        value: |_, o| o.fbox_received,
+        value: |(_, o)| o.fbox_received,
     },
 ];
 
-/// The names MPI_T knows the variables by, in registration order.
-pub fn names() -> impl Iterator<Item = String> {
-    PVARS.iter().map(|p| format!("btl_ofi_{}", p.name))
-}
-
 /// Register every variable with the BTL component.
 pub fn register() {
-    // SAFETY: the BTL component's header, a static.
-    unsafe {
-        pvar::register(
-            super::component::component_ptr(),
-            "btl_ofi_",
-            PVARS.iter().map(|p| (p.name, p.class, p.help)),
-            get_value,
-        )
-    };
-}
-
-/// `mca_base_get_value_fn_t`: one unsigned long long, read now.
-unsafe extern "C" fn get_value(
-    pvar: *const sys::mca_base_pvar_t,
-    value: *mut c_void,
-    _obj: *mut c_void,
-) -> c_int {
-    ffi_guard("btl pvar read", sys::OPAL_ERROR, || {
-        // SAFETY: Open MPI passes the variable it registered.
-        let i = unsafe { pvar::index(pvar) };
-        let Some(p) = PVARS.get(i) else {
-            return sys::OPAL_ERR_BAD_PARAM;
-        };
-        let rc = module::rcache_stats().unwrap_or_default();
-        let v = (p.value)(&rc, &module::op_counts());
-        // SAFETY: Open MPI's buffer for the value.
-        unsafe { pvar::write(value, v) };
-        sys::OPAL_SUCCESS
-    })
+    pvar::register::<Btl>();
 }
 
 #[cfg(test)]
@@ -180,19 +157,9 @@ mod tests {
             fbox_sent: 14,
             fbox_received: 15,
         };
-        let got: Vec<u64> = PVARS.iter().map(|p| (p.value)(&rc, &ops)).collect();
+        let counts = (rc, ops);
+        let got: Vec<u64> = PVARS.iter().map(|p| (p.value)(&counts)).collect();
         assert_eq!(got, (1..=15).collect::<Vec<u64>>());
-        let names: Vec<String> = names().collect();
-        let readme = include_str!("../../README.md");
-        for n in &names {
-            assert!(
-                readme.contains(&format!("`{n}`")),
-                "README's MPI_T table lacks {n}"
-            );
-        }
-        let mut dedup = names.clone();
-        dedup.sort();
-        dedup.dedup();
-        assert_eq!(dedup.len(), names.len());
+        pvar::assert_readme_lists::<Btl>();
     }
 }

@@ -1123,31 +1123,6 @@ pub unsafe fn send(
     let rq = unsafe { &mut *r };
     let addr = peer.addr;
     rq.sm_addr = addr;
-    if let (Some(tx), true) = (peer.fbox(), len <= sm.eager_max()) {
-        rq.sm_hdr = Hdr {
-            kind: EAGER,
-            bits,
-            data,
-            len: len as u64,
-            token: r as u64,
-            ..Default::default()
-        };
-        // The record is the whole message: only a synchronous send's ACK is left.
-        rq.pending.store(sync as i32, Ordering::Release);
-        if sync {
-            sm.expect(r as u64, ACK);
-        }
-        let h = rq.sm_hdr;
-        // SAFETY: ptr_ holds len bytes; an eager message fits a record.
-        let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
-        if ret < 0 {
-            if sync {
-                sm.forget(r as u64);
-            }
-            return datapath::fi_to_ompi(ret);
-        }
-        return if sync { sys::OMPI_SUCCESS } else { SENT_INLINE };
-    }
     if len <= sm.eager_max() {
         rq.sm_hdr = Hdr {
             kind: EAGER,
@@ -1157,6 +1132,23 @@ pub unsafe fn send(
             token: r as u64,
             ..Default::default()
         };
+        if let Some(tx) = peer.fbox() {
+            // The record is the whole message: only a synchronous send's ACK is left.
+            rq.pending.store(sync as i32, Ordering::Release);
+            if sync {
+                sm.expect(r as u64, ACK);
+            }
+            let h = rq.sm_hdr;
+            // SAFETY: ptr_ holds len bytes; an eager message fits a record.
+            let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
+            if ret < 0 {
+                if sync {
+                    sm.forget(r as u64);
+                }
+                return datapath::fi_to_ompi(ret);
+            }
+            return if sync { sys::OMPI_SUCCESS } else { SENT_INLINE };
+        }
         rq.pending
             .store(if sync { 2 } else { 1 }, Ordering::Release);
         if sync {

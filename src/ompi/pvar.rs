@@ -2,10 +2,12 @@
 //! reads through a `get_value` callback only when a tool or test reads it, so the data
 //! path only bumps its counters and never publishes anything.
 //!
-//! Registered with the component (`mca_base_component_pvar_register`), so Open MPI
+//! A component lists its variables as a [`Table`] (`btl::stats`, `mtl::stats`). They
+//! are registered with the component (`mca_base_component_pvar_register`), so Open MPI
 //! marks them invalid when it closes the component and never calls into an unloaded
 //! library.
 
+use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
 use std::ffi::CString;
 use std::os::raw::{c_int, c_void};
@@ -17,67 +19,108 @@ pub const COUNTER: Class = sys::MCA_BASE_PVAR_CLASS_COUNTER;
 /// The current value.
 pub const LEVEL: Class = sys::MCA_BASE_PVAR_CLASS_LEVEL;
 
-/// `mca_base_get_value_fn_t`: writes one unsigned long long for the variable whose
-/// `ctx` is its index in the list given to [`register`].
-pub type GetValue =
-    unsafe extern "C" fn(*const sys::mca_base_pvar_t, *mut c_void, *mut c_void) -> c_int;
+/// One variable: its name after the table's prefix, class, description, and the value
+/// it reads from a snapshot of the counters.
+pub struct Var<C> {
+    pub name: &'static str,
+    pub class: Class,
+    pub help: &'static str,
+    pub value: fn(&C) -> u64,
+}
 
-/// Register `(name, class, help)` variables with `component`; the `i`th gets `ctx` `i`.
-/// A variable Open MPI refuses is logged and skipped (the component works without it).
+/// A component's variables, all `unsigned long long`.
 ///
 /// # Safety
-/// `component` is this library's component header (a static).
-pub unsafe fn register(
-    component: *const sys::mca_base_component_t,
-    prefix: &str,
-    vars: impl Iterator<Item = (&'static str, Class, &'static str)>,
-    get_value: GetValue,
-) {
-    for (i, (name, class, help)) in vars.enumerate() {
-        let (Ok(cname), Ok(chelp)) = (CString::new(name), CString::new(help)) else {
+/// [`Table::component`] returns this library's header of the component (a static).
+pub unsafe trait Table: 'static {
+    /// One read of the counters, from which each variable picks its value.
+    type Counts;
+    /// `btl_ofi_`, `mtl_ofi_`.
+    const PREFIX: &'static str;
+    /// The README's MPI_T table lists these; keep the two in step.
+    const VARS: &'static [Var<Self::Counts>];
+    /// The component the variables are registered with.
+    fn component() -> *const sys::mca_base_component_t;
+    /// The counters now.
+    fn counts() -> Self::Counts;
+}
+
+/// The names MPI_T knows `T`'s variables by, in registration order.
+pub fn names<T: Table>() -> impl Iterator<Item = String> {
+    T::VARS.iter().map(|v| format!("{}{}", T::PREFIX, v.name))
+}
+
+/// Register `T`'s variables; the `i`th gets `ctx` `i`. A variable Open MPI refuses is
+/// logged and skipped (the component works without it).
+pub fn register<T: Table>() {
+    for (i, v) in T::VARS.iter().enumerate() {
+        let (Ok(name), Ok(help)) = (CString::new(v.name), CString::new(v.help)) else {
             continue;
         };
-        // SAFETY: component is a component header (a static); name and help are copied
-        // by Open MPI; get_value stays valid until Open MPI invalidates the variable at
-        // component close (the IWG flag mca_base_component_pvar_register adds); ctx is
-        // an index, never dereferenced.
+        // SAFETY: the component header is a static (Table's contract); name and help
+        // are copied by Open MPI; get_value stays valid until Open MPI invalidates the
+        // variable at component close (the IWG flag mca_base_component_pvar_register
+        // adds); ctx is an index, never dereferenced.
         let rc = unsafe {
             sys::mca_base_component_pvar_register(
-                component,
-                cname.as_ptr(),
-                chelp.as_ptr(),
+                T::component(),
+                name.as_ptr(),
+                help.as_ptr(),
                 sys::OPAL_INFO_LVL_9,
-                class as c_int,
+                v.class as c_int,
                 sys::MCA_BASE_VAR_TYPE_UNSIGNED_LONG_LONG,
                 std::ptr::null_mut(),
                 sys::MCA_BASE_VAR_BIND_NO_OBJECT as c_int,
                 sys::MCA_BASE_PVAR_FLAG_READONLY | sys::MCA_BASE_PVAR_FLAG_CONTINUOUS,
-                Some(get_value),
+                Some(get_value::<T>),
                 None,
                 None,
                 i as *mut c_void,
             )
         };
         if rc < 0 {
-            log::debug!("MPI_T variable {prefix}{name} not registered (rc {rc})");
+            log::debug!(
+                "MPI_T variable {}{} not registered (rc {rc})",
+                T::PREFIX,
+                v.name
+            );
         }
     }
 }
 
-/// The index a `get_value` callback was registered with.
-///
-/// # Safety
-/// `pvar` is the variable Open MPI passes to the callback.
-pub unsafe fn index(pvar: *const sys::mca_base_pvar_t) -> usize {
-    // SAFETY: forwarded; ctx holds the index given at registration.
-    unsafe { (*pvar).ctx as usize }
+/// `mca_base_get_value_fn_t`: one unsigned long long, read now.
+unsafe extern "C" fn get_value<T: Table>(
+    pvar: *const sys::mca_base_pvar_t,
+    value: *mut c_void,
+    _obj: *mut c_void,
+) -> c_int {
+    ffi_guard("pvar read", sys::OPAL_ERROR, || {
+        // SAFETY: Open MPI passes the variable it registered, whose ctx is our index.
+        let i = unsafe { (*pvar).ctx } as usize;
+        let Some(v) = T::VARS.get(i) else {
+            return sys::OPAL_ERR_BAD_PARAM;
+        };
+        let n = (v.value)(&T::counts());
+        // SAFETY: value points at room for one value of the registered type (count 1).
+        unsafe { *(value as *mut u64) = n };
+        sys::OPAL_SUCCESS
+    })
 }
 
-/// Write `v` where a `get_value` callback must.
-///
-/// # Safety
-/// `value` is the callback's buffer, with room for one value of the registered type.
-pub unsafe fn write(value: *mut c_void, v: u64) {
-    // SAFETY: forwarded (count 1, unsigned long long).
-    unsafe { *(value as *mut u64) = v };
+/// Test helper: the README's MPI_T table names every variable of `T`, and no name
+/// twice.
+#[cfg(test)]
+pub fn assert_readme_lists<T: Table>() {
+    let names: Vec<String> = names::<T>().collect();
+    let readme = include_str!("../../README.md");
+    for n in &names {
+        assert!(
+            readme.contains(&format!("`{n}`")),
+            "README's MPI_T table lacks {n}"
+        );
+    }
+    let mut dedup = names.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(dedup.len(), names.len());
 }
