@@ -1103,14 +1103,12 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // Every fragment that carries ob1's matching order (match, rendezvous and get
     // headers, at most the eager limit) fits a box, so that a peer's such fragments
     // take one path, in order (see common::fbox).
-    // Not under MPI_THREAD_MULTIPLE: there a thread's messages to a peer overtook each
-    // other (mpi_tests/fbox's threads part, 1 run in CI; README "Known problems").
+    // Also under MPI_THREAD_MULTIPLE. They were kept off there for a while, after
+    // mpi_tests/fbox's threads part saw a thread's messages overtake each other; that
+    // was Open MPI 4.1.4's ob1 with blocking receives, which btl/vader shows as well
+    // (README "Known problems").
     let on_shm = (common::endpoint::is_shm(&provider) || role == Role::OnHost) && local_ranks > 1;
-    if fbox > 0 && on_shm && mpi_threads {
-        log::info!("no fast boxes on {provider} under MPI_THREAD_MULTIPLE");
-    }
-    let fbox = if fbox > 0 && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0 && on_shm && !mpi_threads
-    {
+    let fbox = if fbox > 0 && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0 && on_shm {
         fbox::Sizes::new(
             "btl_ofi_fbox_size",
             fbox,
@@ -1345,9 +1343,19 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             } else {
                                 log::Level::Debug
                             };
+                            let what = if ce.op_context.is_null() {
+                                "an operation without a context"
+                            } else {
+                                // SAFETY: every context we post starts with a Ctx header.
+                                match unsafe { (*(ce.op_context as *const am::Ctx)).kind } {
+                                    am::Kind::Send => "a send",
+                                    am::Kind::Recv => "a receive",
+                                    am::Kind::Rdma => "an RDMA or atomic operation",
+                                }
+                            };
                             log::log!(
                                 level,
-                                "completion error on {}: {}{}",
+                                "completion error on {} ({what}): {}{}",
                                 st.provider,
                                 cq.strerror(&ce),
                                 if seen + 1 == CQ_ERRORS_LOGGED {

@@ -35,11 +35,11 @@
 //! through the box, waiting in order when the ring is full, `btl::am::fbox_send`; the
 //! MTL: every message of software matching but its FIN and ACK, which carry no order).
 //! For the BTL, mixing paths was tried first: ob1 then sees many fragments out of
-//! sequence, and under `MPI_THREAD_MULTIPLE` a receive completed with no message
-//! (`mpi_tests/fbox.c`, 3 runs of 6 at 4 ranks). Even with one path, threads sharing a
-//! communicator put fragments out of sequence, and a thread's messages once matched in
-//! the wrong order: the BTL's fast boxes are off under `MPI_THREAD_MULTIPLE`
-//! (`btl/module.rs`).
+//! sequence. Under `MPI_THREAD_MULTIPLE`, threads sharing a communicator put fragments
+//! out of sequence whatever the path; ob1 puts them back in order. (Receives completed
+//! with no message or the wrong one there, in `mpi_tests/fbox.c`, were Open MPI 4.1.4's
+//! ob1 with blocking `MPI_Recv`: `btl/vader` does the same, with or without fast boxes
+//! of ours; README "Known problems".)
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
