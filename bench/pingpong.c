@@ -22,6 +22,8 @@
  *             one buffer every single-copy transfer (CMA on shm, vader's get) reads
  *             lines the other core has just written: 64 KiB one-way goes from about 5.5
  *             to 12 us on shm, for every component alike
+ *   -T        initialise with MPI_THREAD_MULTIPLE (one thread still does the traffic):
+ *             what the components cost when threads may call them
  *   -h        usage
  *
  * Only ranks 0 and 1 take part; any further ranks wait in the final barrier.
@@ -36,7 +38,7 @@
 
 static const char usage[] =
     "usage: pingpong [-s sizes] [-i iters] [-w warmup] [-t secs] [-b bwbytes] [-W window]\n"
-    "                [-n windows] [-q] [-1] [-h]  (see the comment at the top of bench/pingpong.c)\n";
+    "                [-n windows] [-q] [-1] [-T] [-h]  (see the comment at the top of bench/pingpong.c)\n";
 
 static int iters_for(long size, int base)
 {
@@ -137,11 +139,21 @@ int main(int argc, char **argv)
     double budget = 1.0;
     int rank, nprocs, opt, set = 0, one_buffer = 0;
 
-    MPI_Init(&argc, &argv);
+    int threaded = 0, provided = 0;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-T") == 0)
+            threaded = 1;
+    if (threaded) {
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    } else {
+        MPI_Init(&argc, &argv);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
+    if (threaded && provided != MPI_THREAD_MULTIPLE && rank == 0)
+        fprintf(stderr, "pingpong: -T: MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
 
-    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q1h")) != -1) {
+    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q1Th")) != -1) {
         switch (opt) {
         case 's': {
             char *list = strdup(optarg), *save = NULL;
@@ -160,6 +172,7 @@ int main(int argc, char **argv)
         case 'n': windows = atoi(optarg); set |= 8; break;
         case 'q': quick = 1; break;
         case '1': one_buffer = 1; break;
+        case 'T': break;
         case 'h':
             if (rank == 0)
                 printf("%s", usage);
