@@ -628,7 +628,7 @@ static void btl_part(void)
     if (vader)
         t_info("btl part: MPI_LAND, MPI_LOR and MPI_LXOR skipped over vader (osc rdma gives them to vader, which "
                "does not have them)");
-    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided));
+    T_CHECK_MPI(t_mpit_init(&provided));
     have_counts = t_pvars_open(&count_vars, count_names, 5);
     if (selected("kinds", "create"))
         btl_kind(W_CREATE, want_counts, nops);

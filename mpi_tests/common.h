@@ -516,9 +516,25 @@ typedef struct {
 } t_pvars_t;
 
 /*
+ * MPI_T_init_thread at the thread level MPI_Init_thread provided. Open MPI 4.1.4's first
+ * MPI_T_init_thread sets the MPI library's own thread level to the one it is asked for
+ * (ompi_mpi_thread_level), even after MPI_Init_thread: asked for MPI_THREAD_SINGLE in a
+ * program running MPI_THREAD_MULTIPLE, MPI_Query_thread then says SINGLE and ob1's
+ * blocking MPI_Recv shares one cached request among threads, so receives complete with
+ * no message or another thread's (mpi_tests/repro/ob1_recv_threads.c; README "Known
+ * problems").
+ */
+static T_UNUSED int t_mpit_init(int *provided)
+{
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return MPI_T_init_thread(level, provided);
+}
+
+/*
  * Binds the performance variables `names` (full names, e.g. "btl_ofi_rcache_hits") in a
  * session of their own: from here on a counter reads the events since this call, a level
- * its current value. Call after MPI_T_init_thread. Returns 1 when all are bound, 0 (and
+ * its current value. Call after t_mpit_init (MPI_T_init_thread). Returns 1 when all are bound, 0 (and
  * binds nothing) when one does not exist, i.e. our BTL is not loaded.
  */
 static T_UNUSED int t_pvars_open(t_pvars_t *p, const char *const *names, int n)

@@ -59,7 +59,7 @@ static int read_status(char *buf, size_t len)
     MPI_T_cvar_handle h;
     char tmp[1024] = "";
     buf[0] = 0;
-    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &prov));
+    T_CHECK_MPI(t_mpit_init(&prov));
     int ok = MPI_T_cvar_get_index("opal_common_ofi_memory_monitor_status", &idx) == MPI_SUCCESS &&
              MPI_T_cvar_handle_alloc(idx, NULL, &h, &cnt) == MPI_SUCCESS;
     if (ok) {

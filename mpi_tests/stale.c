@@ -454,7 +454,7 @@ int main(int argc, char **argv)
      * always mmap'd, and munmap'd by free */
     if (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1)
         t_fail("mallopt(M_MMAP_THRESHOLD) failed");
-    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &prov));
+    T_CHECK_MPI(t_mpit_init(&prov));
     have_rc = t_pvars_open(&rc_vars, rc_names, RC_N);
     if (!have_rc && expect_rc)
         t_fail("--expect-rcache: no MPI_T variables btl_ofi_rcache_*: is our BTL loaded?");

@@ -386,7 +386,7 @@ int main(int argc, char **argv)
         t_fail("--threads 1..8, --mem-threads 0..8");
     t_section("setup");
     int tprov;
-    T_CHECK_MPI(MPI_T_init_thread(MPI_THREAD_SINGLE, &tprov));
+    T_CHECK_MPI(t_mpit_init(&tprov));
     have_rc = t_pvars_open(&rc_vars, rc_names, 7);
     MPI_Comm comms[8], rcomm;
     for (int t = 0; t < nthreads; t++)
