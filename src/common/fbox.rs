@@ -37,9 +37,10 @@
 //! For the BTL, mixing paths was tried first: ob1 then sees many fragments out of
 //! sequence. Under `MPI_THREAD_MULTIPLE`, threads sharing a communicator put fragments
 //! out of sequence whatever the path; ob1 puts them back in order. (Receives completed
-//! with no message or the wrong one there, in `mpi_tests/fbox.c`, were Open MPI 4.1.4's
-//! ob1 with blocking `MPI_Recv`: `btl/vader` does the same, with or without fast boxes
-//! of ours; README "Known problems".)
+//! with no message or the wrong one there, in `mpi_tests/fbox.c`, came from the test's
+//! `MPI_T_init_thread(MPI_THREAD_SINGLE)`, which drops Open MPI 4.1.4's own thread
+//! level, so that ob1's blocking `MPI_Recv` shared one request among threads:
+//! `btl/vader` did the same; README "Known problems".)
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
