@@ -534,8 +534,8 @@ static T_UNUSED int t_mpit_init(int *provided)
 /*
  * Binds the performance variables `names` (full names, e.g. "btl_ofi_rcache_hits") in a
  * session of their own: from here on a counter reads the events since this call, a level
- * its current value. Call after t_mpit_init (MPI_T_init_thread). Returns 1 when all are bound, 0 (and
- * binds nothing) when one does not exist, i.e. our BTL is not loaded.
+ * its current value. Call after t_mpit_init (MPI_T_init_thread). Returns 1 when all are
+ * bound, 0 (and binds nothing) when one does not exist, i.e. our BTL is not loaded.
  */
 static T_UNUSED int t_pvars_open(t_pvars_t *p, const char *const *names, int n)
 {

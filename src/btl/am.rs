@@ -210,6 +210,27 @@ pub enum Kind {
     Rdma,
 }
 
+impl Kind {
+    /// What a log line calls such an operation.
+    pub fn what(self) -> &'static str {
+        match self {
+            Kind::Send => "a send",
+            Kind::Recv => "a receive",
+            Kind::Rdma => "an RDMA or atomic operation",
+        }
+    }
+
+    /// The kind of the operation whose context is `ctx`, or `None` for a null context.
+    ///
+    /// # Safety
+    /// `ctx` is null or the context of an operation this BTL posted (it starts with a
+    /// [`Ctx`]).
+    pub unsafe fn of(ctx: *mut c_void) -> Option<Kind> {
+        // SAFETY: caller's contract.
+        (!ctx.is_null()).then(|| unsafe { (*(ctx as *const Ctx)).kind })
+    }
+}
+
 /// The head of every operation context handed to libfabric: the provider's scratch
 /// space (FI_CONTEXT/FI_CONTEXT2) and the kind that says which struct contains it.
 #[repr(C)]

@@ -1344,16 +1344,9 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             } else {
                                 log::Level::Debug
                             };
-                            let what = if ce.op_context.is_null() {
-                                "an operation without a context"
-                            } else {
-                                // SAFETY: every context we post starts with a Ctx header.
-                                match unsafe { (*(ce.op_context as *const am::Ctx)).kind } {
-                                    am::Kind::Send => "a send",
-                                    am::Kind::Recv => "a receive",
-                                    am::Kind::Rdma => "an RDMA or atomic operation",
-                                }
-                            };
+                            // SAFETY: the entry's context is null or one we posted.
+                            let what = unsafe { am::Kind::of(ce.op_context) }
+                                .map_or("an operation without a context", am::Kind::what);
                             log::log!(
                                 level,
                                 "completion error on {} ({what}): {}{}",
@@ -1397,11 +1390,10 @@ unsafe fn dispatch(
     buf: *mut c_void,
     flags: u64,
 ) {
-    if ctx.is_null() {
+    // SAFETY: caller's contract: ctx is null or one we posted.
+    let Some(kind) = (unsafe { am::Kind::of(ctx) }) else {
         return;
-    }
-    // SAFETY: every context we post starts with a Ctx header (see am::Ctx).
-    let kind = unsafe { (*(ctx as *const am::Ctx)).kind };
+    };
     // SAFETY: forwarded: the kind names the containing operation.
     unsafe {
         match kind {
