@@ -453,23 +453,9 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
 /// # Safety
 /// `rb` is a live receive buffer of this module, not posted.
 unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
-    // SAFETY: caller's contract.
-    let r = unsafe { &mut *rb };
-    let desc = r.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
-    r.ctx = Ctx::new(Kind::Recv);
-    let ctx = r.ctx.as_op_context();
     loop {
-        // SAFETY: the buffer and context live until the completion is reaped (or the
-        // endpoint closes, before the buffer is freed).
-        let ret = st.fi(|| unsafe {
-            let rx = &st.ctxs[r.cx].rx;
-            if st.multi_recv {
-                rx.recv_multi(r.buf as *mut c_void, r.cap, desc, ctx)
-            } else {
-                rx.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
-            }
-        });
-        match ret {
+        // SAFETY: caller's contract.
+        match unsafe { try_post(st, rb) } {
             Err(Error::AGAIN) => {
                 // Receives are only refused for lack of resources: reap some.
                 // SAFETY: plain call.
@@ -477,6 +463,44 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
             }
             other => return other,
         }
+    }
+}
+
+/// One attempt at posting receive buffer `rb`.
+///
+/// # Safety
+/// As [`repost`].
+unsafe fn try_post(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
+    // SAFETY: caller's contract.
+    let r = unsafe { &mut *rb };
+    let desc = r.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
+    r.ctx = Ctx::new(Kind::Recv);
+    let ctx = r.ctx.as_op_context();
+    // SAFETY: the buffer and context live until the completion is reaped (or the
+    // endpoint closes, before the buffer is freed).
+    st.fi(|| unsafe {
+        let rx = &st.ctxs[r.cx].rx;
+        if st.multi_recv {
+            rx.recv_multi(r.buf as *mut c_void, r.cap, desc, ctx)
+        } else {
+            rx.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
+        }
+    })
+}
+
+/// Post again the receive buffers the provider refused (see [`recv_complete`]), at
+/// most once per [`crate::common::sync::Unposted::INTERVAL`]. Called by progress.
+pub fn post_unposted(st: &State) {
+    if st.closing.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: a live receive buffer of this module, not posted (recv_complete).
+    let (posted, all) = st.unposted.retry(|&rb| unsafe { try_post(st, rb) }.is_ok());
+    if posted > 0 && all {
+        log::info!(
+            "the receive buffers {} refused are posted again",
+            st.provider
+        );
     }
 }
 
@@ -546,9 +570,21 @@ pub unsafe fn recv_complete(
     if !released || st.closing.load(Ordering::Relaxed) {
         return;
     }
-    // SAFETY: rb is ours and no longer posted.
-    if let Err(e) = unsafe { repost(st, rb) } {
-        log::error!("re-posting a receive buffer on {}: {e}", st.provider);
+    let ret = if crate::common::sync::refuse_repost() {
+        Err(Error(fi::FI_EIO as i32))
+    } else {
+        // SAFETY: rb is ours and no longer posted.
+        unsafe { repost(st, rb) }
+    };
+    if let Err(e) = ret {
+        // Kept, not lost: with no buffer posted the module would stop receiving.
+        if let Some(n) = st.unposted.push(rb) {
+            log::error!(
+                "re-posting a receive buffer on {}: {e}; progress tries again ({n} refused \
+                 so far)",
+                st.provider
+            );
+        }
     }
 }
 

@@ -123,6 +123,9 @@ pub struct State {
     /// Held by the one thread that posts queued sends (see `am::drain_pending`).
     pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
+    /// Receive buffers the provider refused to take back, posted again by progress
+    /// (`am::post_unposted`).
+    pub unposted: crate::common::sync::Unposted<*mut RecvBuf>,
     pub peers: Mutex<Vec<*mut PeerEp>>,
     /// RDMA and atomic operations posted and not completed (flush waits for 0),
     /// including those deferred in `rdma_deferred`.
@@ -1178,6 +1181,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             rdma_outstanding: AtomicUsize::new(0),
             rdma_deferred: Mutex::new(VecDeque::new()),
             has_rdma_deferred: AtomicBool::new(false),
+            unposted: Default::default(),
             send_outstanding: AtomicUsize::new(0),
             fbox,
             fbox_queue: Mutex::new(VecDeque::new()),
@@ -1287,6 +1291,9 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     }
     amo::retry_reads(mp);
     resolve::reissue(mp);
+    if st.unposted.any() {
+        am::post_unposted(st);
+    }
     if st.ctxs.len() == 1 {
         total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
     } else {

@@ -151,9 +151,137 @@ impl Drop for SerialGuard<'_> {
     }
 }
 
+/// Receive buffers the provider refused to take back (an error other than
+/// `-FI_EAGAIN` when one is posted again after its completion), kept for progress to
+/// post again rather than lost: a component that loses them all stops receiving.
+/// Progress checks [`Unposted::any`] (one relaxed load) and calls [`Unposted::retry`],
+/// which tries at most once per [`Unposted::INTERVAL`], so a provider that keeps
+/// refusing costs neither a busy loop nor a log line per poll.
+pub struct Unposted<T> {
+    bufs: Mutex<Vec<T>>,
+    /// Mirrors `!bufs.is_empty()`; only written with `bufs` locked.
+    waiting: AtomicBool,
+    /// When the next retry may run.
+    next: Mutex<Option<std::time::Instant>>,
+    /// Buffers refused so far.
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl<T> Default for Unposted<T> {
+    fn default() -> Self {
+        Unposted {
+            bufs: Mutex::new(Vec::new()),
+            waiting: AtomicBool::new(false),
+            next: Mutex::new(None),
+            refused: Default::default(),
+        }
+    }
+}
+
+impl<T> Unposted<T> {
+    /// The least time between two retries.
+    pub const INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+    /// Keep `buf` for a later retry. Returns how many buffers were refused so far when
+    /// that is worth a log line (the 1st, 2nd, 4th, 8th...), so that a provider that
+    /// keeps refusing does not flood the log.
+    pub fn push(&self, buf: T) -> Option<u64> {
+        let mut b = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        b.push(buf);
+        self.waiting.store(true, Ordering::Release);
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        n.is_power_of_two().then_some(n)
+    }
+
+    /// Whether buffers wait.
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Unless the last retry was less than [`Unposted::INTERVAL`] ago (or another
+    /// thread is retrying), hand each waiting buffer to `post`, which says whether it
+    /// was posted; those it was not wait for the next retry. Returns how many were
+    /// posted and whether none waits any more.
+    pub fn retry(&self, mut post: impl FnMut(&T) -> bool) -> (usize, bool) {
+        let now = std::time::Instant::now();
+        {
+            let Ok(mut next) = self.next.try_lock() else {
+                return (0, false);
+            };
+            if next.is_some_and(|t| now < t) {
+                return (0, false);
+            }
+            *next = Some(now + Self::INTERVAL);
+        }
+        let mut taken = std::mem::take(&mut *self.bufs.lock().unwrap_or_else(|e| e.into_inner()));
+        let before = taken.len();
+        taken.retain(|b| !post(b));
+        let posted = before - taken.len();
+        let mut b = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        b.append(&mut taken);
+        self.waiting.store(!b.is_empty(), Ordering::Release);
+        (posted, b.is_empty())
+    }
+}
+
+/// Test hook for [`Unposted`]: with `OMPI_OFI_TEST_REFUSE_REPOST=K` (K >= 1) in the
+/// environment, every K-th time a receive buffer is posted again after a completion
+/// the components act as if the provider had refused it with `-FI_EIO`, without
+/// asking it. No provider here refuses a receive, so this is how the tests show that
+/// such a buffer comes back (`scripts/test-param-paths`).
+pub fn refuse_repost() -> bool {
+    use std::sync::atomic::AtomicU64;
+    static EVERY: AtomicU64 = AtomicU64::new(u64::MAX);
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut k = EVERY.load(Ordering::Relaxed);
+    if k == u64::MAX {
+        k = std::env::var("OMPI_OFI_TEST_REFUSE_REPOST")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if EVERY.swap(k, Ordering::Relaxed) == u64::MAX && k > 0 {
+            log::warn!(
+                "OMPI_OFI_TEST_REFUSE_REPOST={k} (test hook): one receive buffer in {k} \
+                 posted again is refused as by the provider"
+            );
+        }
+    }
+    k > 0 && (COUNT.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unposted_retries_no_more_often_than_its_interval() {
+        let u = Unposted::<u32>::default();
+        assert!(!u.any());
+        assert_eq!(u.push(1), Some(1));
+        assert_eq!(u.push(2), Some(2));
+        assert!(u.any());
+        // The first retry runs at once; buffer 2 is refused again.
+        assert_eq!(u.retry(|&b| b == 1), (1, false));
+        assert!(u.any());
+        // Too soon: nothing is tried.
+        let mut tried = 0;
+        assert_eq!(
+            u.retry(|_| {
+                tried += 1;
+                true
+            }),
+            (0, false)
+        );
+        assert_eq!(tried, 0);
+        std::thread::sleep(Unposted::<u32>::INTERVAL + std::time::Duration::from_millis(2));
+        assert_eq!(u.retry(|&b| b == 2), (1, true));
+        assert!(!u.any());
+        // Refusals 3, 4 and 5: only the 4th is logged (1st, 2nd, 4th, 8th...).
+        assert_eq!(u.push(3), None);
+        assert_eq!(u.push(4), Some(4));
+        assert_eq!(u.push(5), None);
+    }
 
     #[test]
     fn serial_turns_away_reentry_and_reopens() {

@@ -742,6 +742,9 @@ pub fn progress_mtl(m: &Mtl) -> usize {
         if sm.has_reads_waiting.load(Ordering::Acquire) {
             super::softmatch::post_waiting_reads(m, sm);
         }
+        if super::softmatch::has_unposted(sm) {
+            super::softmatch::post_unposted(m, sm);
+        }
     }
     if m.has_deferred_sends.load(Ordering::Acquire) {
         post_deferred_sends(m);

@@ -359,6 +359,9 @@ pub struct SoftMatch {
     reads_waiting: Mutex<VecDeque<*mut Request>>,
     /// Mirrors `!reads_waiting.is_empty()`.
     pub has_reads_waiting: AtomicBool,
+    /// Receive buffers the provider refused to take back with an error other than
+    /// `-FI_EAGAIN`, posted again by progress ([`post_unposted`]).
+    unposted: crate::common::sync::Unposted<*mut Request>,
 }
 
 /// The largest eager message where sends longer than one packet are unsafe
@@ -578,6 +581,7 @@ impl SoftMatch {
             fbox_received: AtomicU64::new(0),
             reads_waiting: Mutex::new(VecDeque::new()),
             has_reads_waiting: AtomicBool::new(false),
+            unposted: Default::default(),
         }
     }
 
@@ -713,7 +717,14 @@ impl SoftMatch {
             r.owns_buffer = true;
             let p = Box::into_raw(r);
             self.bounces.push(p);
-            repost(m, self, p)?;
+            let ret = post_bounce(m, self, p);
+            if ret < 0 {
+                log::error!(
+                    "posting a receive buffer failed: {}",
+                    crate::fabric::Error::from_ret(ret)
+                );
+                return Err(datapath::fi_to_ompi(ret));
+            }
         }
         Ok(())
     }
@@ -759,10 +770,17 @@ impl SoftMatch {
     }
 }
 
-fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> Result<(), c_int> {
+/// Post bounce buffer `r`, progressing while the provider pushes back; returns the
+/// provider's code.
+fn post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
+    datapath::retry(m, || try_post_bounce(m, sm, r))
+}
+
+/// One attempt at posting bounce buffer `r`.
+fn try_post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
     // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
-    let ret = datapath::retry(m, || {
+    {
         if sm.multi {
             // SAFETY: see above.
             return unsafe {
@@ -780,15 +798,42 @@ fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> Result<(), c_int> {
                 ctx,
             )
         }
-    });
-    if ret < 0 {
-        log::error!(
-            "reposting a receive buffer failed: {}",
-            crate::fabric::Error::from_ret(ret)
-        );
-        return Err(datapath::fi_to_ompi(ret));
     }
-    Ok(())
+}
+
+/// Post bounce buffer `r` again after its completion. A buffer the provider refuses
+/// (an error other than `-FI_EAGAIN`) is kept for [`post_unposted`], not lost: fewer
+/// posted buffers slow the traffic, none would stop it.
+fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) {
+    let ret = if crate::common::sync::refuse_repost() {
+        -(fi::FI_EIO as isize)
+    } else {
+        post_bounce(m, sm, r)
+    };
+    if ret < 0 {
+        if let Some(n) = sm.unposted.push(r) {
+            log::error!(
+                "reposting a receive buffer failed: {}; progress tries again ({n} refused \
+                 so far)",
+                crate::fabric::Error::from_ret(ret)
+            );
+        }
+    }
+}
+
+/// Whether receive buffers wait to be posted again (see [`repost`]).
+pub fn has_unposted(sm: &SoftMatch) -> bool {
+    sm.unposted.any()
+}
+
+/// Post again the receive buffers the provider refused, at most once per
+/// [`crate::common::sync::Unposted::INTERVAL`]. Called by progress outside its serial
+/// section.
+pub fn post_unposted(m: &Mtl, sm: &SoftMatch) {
+    let (posted, all) = sm.unposted.retry(|&r| try_post_bounce(m, sm, r) >= 0);
+    if posted > 0 && all {
+        log::info!("the receive buffers the provider refused are posted again");
+    }
 }
 
 /// Send a control message (FIN or ACK) with `token` to `addr`: through `fbox` when
@@ -1444,17 +1489,22 @@ unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
         crate::fabric::Error::from_ret(ret)
     );
     rq.kind = Kind::Recv;
-    control(m, rq.sm_addr, sender_fbox(m, rq), FIN, hdr.token);
+    let from = sender(m, rq);
+    control(
+        m,
+        rq.sm_addr,
+        from.as_ref().and_then(|p| p.fbox()),
+        FIN,
+        hdr.token,
+    );
     // SAFETY: r is live.
     unsafe { fail_recv(m, r, &hdr) };
 }
 
-/// The fast box to the sender of the message receive `rq` holds (`sm_hdr`), if any.
-fn sender_fbox<'a>(m: &Mtl, rq: &Request) -> Option<&'a fbox::Tx> {
+/// The sender of the message receive `rq` holds (`sm_hdr`), if it can be named.
+fn sender(m: &Mtl, rq: &Request) -> Option<datapath::Peer> {
     let env = datapath::envelope(m, rq.comm, rq.sm_hdr.bits, rq.sm_hdr.data).ok()?;
-    let p = datapath::peer(rq.comm, env.source).ok()?;
-    // SAFETY: the ring lives in the peer's endpoint until del_procs (Peer::fbox).
-    p.fbox().map(|t| unsafe { &*(t as *const fbox::Tx) })
+    datapath::peer(rq.comm, env.source).ok()
 }
 
 /// Post the reads the provider refused (see [`deliver`]), in order, until it refuses
@@ -1508,7 +1558,14 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     let rq = unsafe { &mut *r };
     rq.kind = Kind::Recv;
     let hdr = rq.sm_hdr;
-    control(m, rq.sm_addr, sender_fbox(m, rq), FIN, hdr.token);
+    let from = sender(m, rq);
+    control(
+        m,
+        rq.sm_addr,
+        from.as_ref().and_then(|p| p.fbox()),
+        FIN,
+        hdr.token,
+    );
     // SAFETY: r is live.
     unsafe {
         datapath::recv_done(
@@ -1554,7 +1611,7 @@ pub unsafe fn bounce_completed(
         }
     }
     if released {
-        let _ = repost(m, sm, b);
+        repost(m, sm, b);
     }
 }
 
@@ -1567,11 +1624,13 @@ pub fn bounce_failed(m: &Mtl, sm: &SoftMatch, b: *mut Request, code: u32, flags:
     }
     if sm.multi && flags & fi::FI_MULTI_RECV as u64 != 0 {
         log::error!("a receive into a multi-receive buffer failed; the buffer is posted again");
-        let _ = repost(m, sm, b);
+        repost(m, sm, b);
     } else if sm.multi {
         log::error!("a receive into a multi-receive buffer failed");
     } else {
-        log::error!("a receive buffer failed; software matching has one fewer");
+        // The provider is done with the buffer (its receive completed).
+        log::error!("a receive buffer failed; the buffer is posted again");
+        repost(m, sm, b);
     }
 }
 
