@@ -5,8 +5,9 @@
 //!
 //! Why: libfabric's shm cannot come near `btl/vader` for small messages. shm's own
 //! inject and completion path alone takes 1.6 to 2.2 times vader's whole ping-pong
-//! (README, "ob1 over our BTL on shm: fast boxes"). A message that fits a box costs a
-//! copy into the peer's ring and a copy out, with no provider call on either side.
+//! (bench/RESULTS.md, "ob1 over our BTL on shm: fast boxes"). A message that fits a box
+//! costs a copy into the peer's ring and a copy out, with no provider call on either
+//! side.
 //!
 //! Layout: every user on shm creates one segment (a `memfd`, so a killed job leaves
 //! nothing in `/dev/shm`), with one ring per possible sender on the node, and
