@@ -1489,14 +1489,7 @@ unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
         crate::fabric::Error::from_ret(ret)
     );
     rq.kind = Kind::Recv;
-    let from = sender(m, rq);
-    control(
-        m,
-        rq.sm_addr,
-        from.as_ref().and_then(|p| p.fbox()),
-        FIN,
-        hdr.token,
-    );
+    send_fin(m, rq);
     // SAFETY: r is live.
     unsafe { fail_recv(m, r, &hdr) };
 }
@@ -1505,6 +1498,14 @@ unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
 fn sender(m: &Mtl, rq: &Request) -> Option<datapath::Peer> {
     let env = datapath::envelope(m, rq.comm, rq.sm_hdr.bits, rq.sm_hdr.data).ok()?;
     datapath::peer(rq.comm, env.source).ok()
+}
+
+/// Tell the sender of the message receive `rq` holds that its data was read (or the
+/// read failed): a FIN, through the sender's fast box when there is one.
+fn send_fin(m: &Mtl, rq: &Request) {
+    let from = sender(m, rq);
+    let fbox = from.as_ref().and_then(|p| p.fbox());
+    control(m, rq.sm_addr, fbox, FIN, rq.sm_hdr.token);
 }
 
 /// Post the reads the provider refused (see [`deliver`]), in order, until it refuses
@@ -1558,14 +1559,7 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     let rq = unsafe { &mut *r };
     rq.kind = Kind::Recv;
     let hdr = rq.sm_hdr;
-    let from = sender(m, rq);
-    control(
-        m,
-        rq.sm_addr,
-        from.as_ref().and_then(|p| p.fbox()),
-        FIN,
-        hdr.token,
-    );
+    send_fin(m, rq);
     // SAFETY: r is live.
     unsafe {
         datapath::recv_done(
