@@ -776,7 +776,7 @@ fn post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
     datapath::retry(m, || try_post_bounce(m, sm, r))
 }
 
-/// One attempt at posting bounce buffer `r`.
+/// One attempt at posting bounce buffer `r`. The caller holds `m.lock`.
 fn try_post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
     // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
@@ -830,7 +830,10 @@ pub fn has_unposted(sm: &SoftMatch) -> bool {
 /// [`crate::common::sync::Unposted::INTERVAL`]. Called by progress outside its serial
 /// section.
 pub fn post_unposted(m: &Mtl, sm: &SoftMatch) {
-    let (posted, all) = sm.unposted.retry(|&r| try_post_bounce(m, sm, r) >= 0);
+    let (posted, all) = sm.unposted.retry(|&r| {
+        let _g = m.lock.lock();
+        try_post_bounce(m, sm, r) >= 0
+    });
     if posted > 0 && all {
         log::info!("the receive buffers the provider refused are posted again");
     }
