@@ -742,7 +742,7 @@ pub fn progress_mtl(m: &Mtl) -> usize {
         if sm.has_reads_waiting.load(Ordering::Acquire) {
             super::softmatch::post_waiting_reads(m, sm);
         }
-        if super::softmatch::has_unposted(sm) {
+        if sm.unposted.any() {
             super::softmatch::post_unposted(m, sm);
         }
     }

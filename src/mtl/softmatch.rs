@@ -361,7 +361,7 @@ pub struct SoftMatch {
     pub has_reads_waiting: AtomicBool,
     /// Receive buffers the provider refused to take back with an error other than
     /// `-FI_EAGAIN`, posted again by progress ([`post_unposted`]).
-    unposted: crate::common::sync::Unposted<*mut Request>,
+    pub unposted: crate::common::sync::Unposted<*mut Request>,
 }
 
 /// The largest eager message where sends longer than one packet are unsafe
@@ -780,13 +780,12 @@ fn post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
 fn try_post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
     // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
     let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
-    {
-        if sm.multi {
-            // SAFETY: see above.
-            return unsafe {
-                crate::fabric::ep::recv_multi(m.ep(), buf as *mut c_void, len, ptr::null_mut(), ctx)
-            };
+    if sm.multi {
+        // SAFETY: see above.
+        unsafe {
+            crate::fabric::ep::recv_multi(m.ep(), buf as *mut c_void, len, ptr::null_mut(), ctx)
         }
+    } else {
         // SAFETY: see above.
         unsafe {
             fi::fi_recv(
@@ -819,11 +818,6 @@ fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) {
             );
         }
     }
-}
-
-/// Whether receive buffers wait to be posted again (see [`repost`]).
-pub fn has_unposted(sm: &SoftMatch) -> bool {
-    sm.unposted.any()
 }
 
 /// Post again the receive buffers the provider refused, at most once per
