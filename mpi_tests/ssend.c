@@ -21,7 +21,11 @@
  * MPI_Irecv + MPI_Wait; and, in the ssend_mprobe program (which includes this file with
  * SSEND_MPROBE defined), MPI_Mprobe + MPI_Mrecv and MPI_Improbe + MPI_Imrecv.
  *
- * Options: --inject N, --delay MS, --idelay MS.
+ * Then (ssend only) a flood: every rank posts --flood (1024 with --quick, else 4096)
+ * MPI_Issend of 4 bytes to the next rank before that rank posts its receives; data
+ * and order checked.
+ *
+ * Options: --inject N, --delay MS, --idelay MS, --flood N.
  */
 #include "common.h"
 
@@ -187,6 +191,41 @@ static void nonblocking(int kind, size_t size, int sender, int recvr, int idelay
     }
 }
 
+#ifndef SSEND_MPROBE
+/* Many synchronous sends in flight at once (MPICH's threads/pt2pt/mt_issendirecv did
+ * 4 x 1024 and hung our MTL over udp;ofi_rxd: the acknowledgements, injected, flooded
+ * rxd): every rank posts n MPI_Issend of 4 bytes to the next rank before that rank
+ * posts its receives (after a barrier), then takes n from the rank before. */
+static void flood(int n)
+{
+    int peer = (t_rank + 1) % t_size, from = (t_rank + t_size - 1) % t_size;
+    int *sbuf = t_malloc(sizeof(int) * (size_t)n), *rbuf = t_malloc(sizeof(int) * (size_t)n);
+    MPI_Request *sr = t_malloc(sizeof(MPI_Request) * (size_t)n);
+    MPI_Request *rr = t_malloc(sizeof(MPI_Request) * (size_t)n);
+    t_section("%d MPI_Issend of 4 bytes to the next rank before it posts", n);
+    for (int i = 0; i < n; i++) {
+        sbuf[i] = t_rank * 1000003 + i;
+        T_CHECK_MPI(MPI_Issend(&sbuf[i], 1, MPI_INT, peer, 5, comm, &sr[i]));
+    }
+    T_CHECK_MPI(MPI_Barrier(hs));
+    for (int i = 0; i < n; i++) {
+        rbuf[i] = -1;
+        T_CHECK_MPI(MPI_Irecv(&rbuf[i], 1, MPI_INT, from, 5, comm, &rr[i]));
+    }
+    T_CHECK_MPI(MPI_Waitall(n, rr, MPI_STATUSES_IGNORE));
+    T_CHECK_MPI(MPI_Waitall(n, sr, MPI_STATUSES_IGNORE));
+    for (int i = 0; i < n; i++)
+        if (rbuf[i] != from * 1000003 + i)
+            t_fail("Issend flood: message %d of %d from rank %d: expected %d got %d (order or data)",
+                   i, n, from, from * 1000003 + i, rbuf[i]);
+    T_CHECK_MPI(MPI_Barrier(hs));
+    free(sbuf);
+    free(rbuf);
+    free(sr);
+    free(rr);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     size_t sizes[8];
@@ -214,6 +253,9 @@ int main(int argc, char **argv)
                 nonblocking(kinds[k], sizes[s], sender, recvr, idelay);
             }
     }
+#ifndef SSEND_MPROBE
+    flood((int)t_opt_long("flood", NULL, t_quick ? 1024 : 4096));
+#endif
     T_CHECK_MPI(MPI_Comm_free(&hs));
     T_CHECK_MPI(MPI_Comm_free(&comm));
     return t_pass();

@@ -745,6 +745,9 @@ pub fn progress_mtl(m: &Mtl) -> usize {
         if sm.unposted.any() {
             super::softmatch::post_unposted(m, sm);
         }
+        if sm.has_controls_waiting.load(Ordering::Acquire) {
+            super::softmatch::post_waiting_controls(m, sm);
+        }
     }
     if m.has_deferred_sends.load(Ordering::Acquire) {
         post_deferred_sends(m);

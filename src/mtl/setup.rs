@@ -874,16 +874,17 @@ pub fn finalize() {
         // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
         Some(unsafe { Box::from_raw(p) })
     };
-    // Small sends of software matching completed when posted, from copies: let them
-    // leave before the endpoint closes (a peer may still be waiting for them).
+    // Small sends of software matching completed when posted, from copies, and
+    // control messages waiting for the send window: let them leave before the
+    // endpoint closes (a peer may still be waiting for them).
     if let Some(m) = m.as_deref() {
         if let Some(sm) = m.soft.as_deref() {
             let start = std::time::Instant::now();
-            while sm.copies_in_flight.load(Ordering::Relaxed) > 0 {
+            while sm.sends_left() > 0 {
                 if start.elapsed() > std::time::Duration::from_secs(10) {
                     log::warn!(
                         "finalize: {} small sends still in flight after 10 s; closing anyway",
-                        sm.copies_in_flight.load(Ordering::Relaxed)
+                        sm.sends_left()
                     );
                     break;
                 }

@@ -340,9 +340,11 @@ pub struct SoftMatch {
     /// Per-peer message order, where the provider may break it.
     order: Option<Order>,
     /// Where many messages in flight break the provider
-    /// (`common::quirks::Quirks::flood_unsafe`): small messages go as copies with a
-    /// completion each (never inject), and a send waits while this many are in
-    /// flight. 0: no limit.
+    /// (`common::quirks::Quirks::flood_unsafe`): every message through the provider
+    /// (eager, piece, synchronous, rendezvous header, FIN, ACK) goes as a copy with a
+    /// completion of its own (never inject), and a send waits while this many are in
+    /// flight; a FIN or ACK, sent from progress, is queued instead
+    /// ([`post_waiting_controls`]). 0: no limit.
     send_window: usize,
     /// Where eager messages longer than a piece go in pieces (a send longer than one
     /// inject is unsafe, `common::quirks::Quirks::segments_unsafe`, or slow,
@@ -362,6 +364,11 @@ pub struct SoftMatch {
     /// Receive buffers the provider refused to take back with an error other than
     /// `-FI_EAGAIN`, posted again by progress ([`post_unposted`]).
     pub unposted: crate::common::sync::Unposted<*mut Request>,
+    /// Under a send window: FIN and ACK messages (address, kind, token) that found the
+    /// window full, sent by progress when it has room ([`post_waiting_controls`]).
+    controls_waiting: Mutex<VecDeque<(u64, u32, u64)>>,
+    /// Mirrors `!controls_waiting.is_empty()`.
+    pub has_controls_waiting: AtomicBool,
 }
 
 /// The largest eager message where sends longer than one packet are unsafe
@@ -582,6 +589,8 @@ impl SoftMatch {
             reads_waiting: Mutex::new(VecDeque::new()),
             has_reads_waiting: AtomicBool::new(false),
             unposted: Default::default(),
+            controls_waiting: Mutex::new(VecDeque::new()),
+            has_controls_waiting: AtomicBool::new(false),
         }
     }
 
@@ -615,6 +624,28 @@ impl SoftMatch {
                 ret
             }),
         })
+    }
+
+    /// Under a send window, the window has room for one more copy.
+    fn window_open(&self) -> bool {
+        self.copies_in_flight.load(Ordering::Relaxed) < self.send_window
+    }
+
+    /// Copies in flight and control messages waiting for the window (finalize waits
+    /// until there are none).
+    pub fn sends_left(&self) -> usize {
+        self.copies_in_flight.load(Ordering::Relaxed)
+            + if self.has_controls_waiting.load(Ordering::Acquire) {
+                self.controls().len()
+            } else {
+                0
+            }
+    }
+
+    fn controls(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, u32, u64)>> {
+        self.controls_waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Under a send window, progress until fewer than `send_window` copies are in
@@ -834,7 +865,11 @@ pub fn post_unposted(m: &Mtl, sm: &SoftMatch) {
 }
 
 /// Send a control message (FIN or ACK) with `token` to `addr`: through `fbox` when
-/// given and not full (control messages carry no order), else through the provider.
+/// given and not full (control messages carry no order), else through the provider:
+/// injected, or, under a send window (a provider that many messages in flight break,
+/// [`SoftMatch`]'s `send_window`), from a copy with a completion of its own while the
+/// window has room, else queued for progress ([`post_waiting_controls`]). It may be
+/// called from progress, so it never waits for the window.
 fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, token: u64) {
     let h = Hdr {
         kind,
@@ -845,15 +880,64 @@ fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, token: u64) {
     if fbox.is_some_and(|tx| unsafe { fbox_post(tx, &h, ptr::null(), 0) } == 0) {
         return;
     }
-    let ret = datapath::retry(m, || {
-        // SAFETY: inject copies the header before returning.
-        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
-    });
+    let ret = match m.soft.as_deref() {
+        Some(sm) if sm.send_window > 0 => {
+            {
+                let mut q = sm.controls();
+                if !q.is_empty() || !sm.window_open() {
+                    q.push_back((addr, kind, token));
+                    sm.has_controls_waiting.store(true, Ordering::Release);
+                    return;
+                }
+            }
+            // SAFETY: h is a header, no payload; unnumbered (seq 0), as control
+            // messages are.
+            unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut Some((0, 0))) }
+        }
+        _ => datapath::retry(m, || {
+            // SAFETY: inject copies the header before returning.
+            unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+        }),
+    };
     if ret < 0 {
         log::error!(
             "sending a protocol message failed: {}",
             crate::fabric::Error::from_ret(ret)
         );
+    }
+}
+
+/// Send the control messages that found the send window full, in order, while it has
+/// room. Called by progress.
+pub fn post_waiting_controls(m: &Mtl, sm: &SoftMatch) {
+    loop {
+        let next = {
+            let mut q = sm.controls();
+            if q.is_empty() {
+                sm.has_controls_waiting.store(false, Ordering::Release);
+                return;
+            }
+            if !sm.window_open() {
+                return;
+            }
+            q.pop_front()
+        };
+        let Some((addr, kind, token)) = next else {
+            return;
+        };
+        let h = Hdr {
+            kind,
+            token,
+            ..Default::default()
+        };
+        // SAFETY: as in control.
+        let ret = unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut Some((0, 0))) };
+        if ret < 0 {
+            log::error!(
+                "sending a protocol message failed: {}",
+                crate::fabric::Error::from_ret(ret)
+            );
+        }
     }
 }
 
@@ -1197,6 +1281,19 @@ pub unsafe fn send(
             sm.expect(r as u64, ACK);
         }
         let total = HDR_LEN + len;
+        if sync && sm.send_window > 0 && total <= sm.piece_max.max(HDR_LEN) {
+            // Under a send window the message goes as a copy in the window; only the
+            // acknowledgement is left after it.
+            rq.pending.store(1, Ordering::Release);
+            sm.wait_for_window(m);
+            // SAFETY: ptr_ holds len bytes; the copy gets its own request.
+            let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr, &mut None) };
+            if ret < 0 {
+                sm.forget(r as u64);
+                return datapath::fi_to_ompi(ret);
+            }
+            return sys::OMPI_SUCCESS;
+        }
         if sm.piece_max > 0 && total > sm.piece_max {
             if sync {
                 // Only the acknowledgement is left once the pieces are out.
@@ -1314,17 +1411,24 @@ pub unsafe fn send(
     rq.pending.store(1, Ordering::Release);
     let h = rq.sm_hdr;
     sm.expect(r as u64, FIN);
-    let ret = datapath::retry(m, || {
-        if let Some(tx) = peer.fbox() {
-            // SAFETY: a header, no payload.
-            return unsafe { fbox_post(tx, &h, ptr::null(), 0) };
-        }
-        sm.numbered(addr, |seq, src| {
-            let h = Hdr { seq, src, ..h };
-            // SAFETY: inject copies the header.
-            unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+    let ret = if peer.fbox().is_none() && sm.send_window > 0 {
+        // Under a send window the header goes as a copy in the window.
+        sm.wait_for_window(m);
+        // SAFETY: a header, no payload.
+        unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut None) }
+    } else {
+        datapath::retry(m, || {
+            if let Some(tx) = peer.fbox() {
+                // SAFETY: a header, no payload.
+                return unsafe { fbox_post(tx, &h, ptr::null(), 0) };
+            }
+            sm.numbered(addr, |seq, src| {
+                let h = Hdr { seq, src, ..h };
+                // SAFETY: inject copies the header.
+                unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+            })
         })
-    });
+    };
     if ret < 0 {
         sm.forget(r as u64);
         drop_mr(rq);
