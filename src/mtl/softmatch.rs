@@ -369,6 +369,9 @@ pub struct SoftMatch {
     controls_waiting: Mutex<VecDeque<(u64, u32, u64)>>,
     /// Mirrors `!controls_waiting.is_empty()`.
     pub has_controls_waiting: AtomicBool,
+    /// A thread is in [`post_waiting_controls`] (the progress its retries call must
+    /// not enter it again).
+    controls_flushing: AtomicBool,
 }
 
 /// The largest eager message where sends longer than one packet are unsafe
@@ -591,6 +594,7 @@ impl SoftMatch {
             unposted: Default::default(),
             controls_waiting: Mutex::new(VecDeque::new()),
             has_controls_waiting: AtomicBool::new(false),
+            controls_flushing: AtomicBool::new(false),
         }
     }
 
@@ -908,8 +912,21 @@ fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, token: u64) {
 }
 
 /// Send the control messages that found the send window full, in order, while it has
-/// room. Called by progress.
+/// room. Called by progress; one thread at a time, and not again from the progress
+/// that a send's retry runs inside it.
 pub fn post_waiting_controls(m: &Mtl, sm: &SoftMatch) {
+    if sm
+        .controls_flushing
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    flush_controls(m, sm);
+    sm.controls_flushing.store(false, Ordering::Release);
+}
+
+fn flush_controls(m: &Mtl, sm: &SoftMatch) {
     loop {
         let next = {
             let mut q = sm.controls();
