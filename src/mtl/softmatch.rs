@@ -884,25 +884,32 @@ fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, token: u64) {
     if fbox.is_some_and(|tx| unsafe { fbox_post(tx, &h, ptr::null(), 0) } == 0) {
         return;
     }
-    let ret = match m.soft.as_deref() {
-        Some(sm) if sm.send_window > 0 => {
-            {
-                let mut q = sm.controls();
-                if !q.is_empty() || !sm.window_open() {
-                    q.push_back((addr, kind, token));
-                    sm.has_controls_waiting.store(true, Ordering::Release);
-                    return;
-                }
-            }
-            // SAFETY: h is a header, no payload; unnumbered (seq 0), as control
-            // messages are.
-            unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut Some((0, 0))) }
+    if let Some(sm) = m.soft.as_deref().filter(|sm| sm.send_window > 0) {
+        // Control messages carry no order: one may pass those queued before it.
+        if sm.has_controls_waiting.load(Ordering::Acquire) || !sm.window_open() {
+            sm.controls().push_back((addr, kind, token));
+            sm.has_controls_waiting.store(true, Ordering::Release);
+        } else {
+            control_copy(m, sm, &h, addr);
         }
-        _ => datapath::retry(m, || {
-            // SAFETY: inject copies the header before returning.
-            unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
-        }),
-    };
+        return;
+    }
+    let ret = datapath::retry(m, || {
+        // SAFETY: inject copies the header before returning.
+        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
+    });
+    log_control_error(ret);
+}
+
+/// Send control header `h` to `addr` as a copy in the send window, unnumbered (seq 0,
+/// as control messages are).
+fn control_copy(m: &Mtl, sm: &SoftMatch, h: &Hdr, addr: u64) {
+    // SAFETY: h is a header, no payload.
+    let ret = unsafe { send_copy(m, sm, h, ptr::null(), 0, addr, &mut Some((0, 0))) };
+    log_control_error(ret);
+}
+
+fn log_control_error(ret: isize) {
     if ret < 0 {
         log::error!(
             "sending a protocol message failed: {}",
@@ -927,17 +934,14 @@ pub fn post_waiting_controls(m: &Mtl, sm: &SoftMatch) {
 }
 
 fn flush_controls(m: &Mtl, sm: &SoftMatch) {
-    loop {
+    while sm.window_open() {
         let next = {
             let mut q = sm.controls();
+            let next = q.pop_front();
             if q.is_empty() {
                 sm.has_controls_waiting.store(false, Ordering::Release);
-                return;
             }
-            if !sm.window_open() {
-                return;
-            }
-            q.pop_front()
+            next
         };
         let Some((addr, kind, token)) = next else {
             return;
@@ -947,14 +951,7 @@ fn flush_controls(m: &Mtl, sm: &SoftMatch) {
             token,
             ..Default::default()
         };
-        // SAFETY: as in control.
-        let ret = unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut Some((0, 0))) };
-        if ret < 0 {
-            log::error!(
-                "sending a protocol message failed: {}",
-                crate::fabric::Error::from_ret(ret)
-            );
-        }
+        control_copy(m, sm, &h, addr);
     }
 }
 
@@ -1298,19 +1295,6 @@ pub unsafe fn send(
             sm.expect(r as u64, ACK);
         }
         let total = HDR_LEN + len;
-        if sync && sm.send_window > 0 && total <= sm.piece_max.max(HDR_LEN) {
-            // Under a send window the message goes as a copy in the window; only the
-            // acknowledgement is left after it.
-            rq.pending.store(1, Ordering::Release);
-            sm.wait_for_window(m);
-            // SAFETY: ptr_ holds len bytes; the copy gets its own request.
-            let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr, &mut None) };
-            if ret < 0 {
-                sm.forget(r as u64);
-                return datapath::fi_to_ompi(ret);
-            }
-            return sys::OMPI_SUCCESS;
-        }
         if sm.piece_max > 0 && total > sm.piece_max {
             if sync {
                 // Only the acknowledgement is left once the pieces are out.
@@ -1340,19 +1324,29 @@ pub unsafe fn send(
                 return SENT_INLINE;
             }
         }
-        if !sync && len <= COPY_MAX {
+        if (!sync || sm.send_window > 0) && len <= COPY_MAX {
+            // A synchronous send under a send window goes as a copy in the window too;
+            // only its acknowledgement is left after it.
+            if sync {
+                rq.pending.store(1, Ordering::Release);
+            }
             sm.wait_for_window(m);
             // Complete the request now, as an inject would: the message goes out of a
             // copy that is freed at its completion. Programs written against ob1 (and
             // most MTLs, whose small sends complete at once) test for this.
             // SAFETY: ptr_ holds len bytes; the copy gets its own request.
             let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr, &mut None) };
-            return if ret < 0 {
-                datapath::fi_to_ompi(ret)
-            } else {
-                rq.pending.store(0, Ordering::Release);
-                SENT_INLINE
-            };
+            if ret < 0 {
+                if sync {
+                    sm.forget(r as u64);
+                }
+                return datapath::fi_to_ompi(ret);
+            }
+            if sync {
+                return sys::OMPI_SUCCESS;
+            }
+            rq.pending.store(0, Ordering::Release);
+            return SENT_INLINE;
         }
         let iov = [
             fi::iovec {
