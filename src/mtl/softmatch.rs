@@ -1241,6 +1241,23 @@ unsafe fn inject_whole(
     }))
 }
 
+/// The eager message of send `rq` went out of copies or injects (`ret`, the provider's
+/// code): nothing of the caller's buffer is in flight. A synchronous send still waits
+/// for its acknowledgement (`pending` 1); any other is complete ([`SENT_INLINE`]).
+fn sent_from_copies(sm: &SoftMatch, rq: &Request, sync: bool, ret: isize) -> c_int {
+    if ret < 0 {
+        if sync {
+            sm.forget(rq as *const Request as u64);
+        }
+        return datapath::fi_to_ompi(ret);
+    }
+    if sync {
+        return sys::OMPI_SUCCESS;
+    }
+    rq.pending.store(0, Ordering::Release);
+    SENT_INLINE
+}
+
 /// Post the send of `data` (`len` bytes at `ptr`) for request `r`. Returns
 /// `OMPI_SUCCESS` (completions will follow), [`SENT_INLINE`], or an error.
 ///
@@ -1302,17 +1319,7 @@ pub unsafe fn send(
             }
             // SAFETY: ptr_ holds len bytes.
             let ret = unsafe { send_pieces(m, sm, &rq.sm_hdr, ptr_, len, addr) };
-            if ret < 0 {
-                if sync {
-                    sm.forget(r as u64);
-                }
-                return datapath::fi_to_ompi(ret);
-            }
-            if sync {
-                return sys::OMPI_SUCCESS;
-            }
-            rq.pending.store(0, Ordering::Release);
-            return SENT_INLINE;
+            return sent_from_copies(sm, rq, sync, ret);
         }
         if !sync {
             // SAFETY: ptr_ holds len bytes.
@@ -1336,17 +1343,7 @@ pub unsafe fn send(
             // most MTLs, whose small sends complete at once) test for this.
             // SAFETY: ptr_ holds len bytes; the copy gets its own request.
             let ret = unsafe { send_copy(m, sm, &rq.sm_hdr, ptr_, len, addr, &mut None) };
-            if ret < 0 {
-                if sync {
-                    sm.forget(r as u64);
-                }
-                return datapath::fi_to_ompi(ret);
-            }
-            if sync {
-                return sys::OMPI_SUCCESS;
-            }
-            rq.pending.store(0, Ordering::Release);
-            return SENT_INLINE;
+            return sent_from_copies(sm, rq, sync, ret);
         }
         let iov = [
             fi::iovec {
