@@ -13,7 +13,7 @@
 
 use super::tag::{Envelope, Proto, TagLayout};
 use crate::common::fbox;
-use crate::ompi::glue;
+use crate::ompi::{self, glue};
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::collections::VecDeque;
@@ -865,8 +865,7 @@ pub(super) fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
 /// would hold off the very peer it waits for.
 #[inline]
 fn idle() {
-    // SAFETY: a plain bool Open MPI sets at init; read without a reference.
-    if unsafe { ptr::addr_of!(sys::opal_progress_yield_when_idle).read_volatile() } {
+    if ompi::progress::yield_when_idle() {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -2060,14 +2059,31 @@ fn iprobe_impl(
     };
     let found = match m.soft.as_deref() {
         Some(sm) => {
-            progress_mtl(m);
             let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
-            Ok(super::softmatch::probe(sm, bits, ignore))
+            match super::softmatch::probe(sm, bits, ignore) {
+                Some(found) => Some(found),
+                None => {
+                    // Not arrived yet: one round of Open MPI's progress (which yields
+                    // the core when nothing happened, see ompi::progress), then look
+                    // again at what it brought.
+                    ompi::progress::progress();
+                    super::softmatch::probe(sm, bits, ignore)
+                }
+            }
         }
-        None => peek(m, comm, src, tag),
+        None => match peek(m, comm, src, tag) {
+            Ok(None) => {
+                // The peek's own answer is an event of our progress, so the rounds
+                // inside it never count as idle: give Open MPI's progress its round.
+                ompi::progress::progress();
+                None
+            }
+            Ok(found) => found,
+            Err(rc) => return rc,
+        },
     };
     match found {
-        Ok(Some((bits, data, len))) => {
+        Some((bits, data, len)) => {
             let env = match envelope(m, comm, bits, data) {
                 Ok(env) => env,
                 Err(rc) => return rc,
@@ -2077,12 +2093,11 @@ fn iprobe_impl(
             fill_status(status, &env, len);
             sys::OMPI_SUCCESS
         }
-        Ok(None) => {
+        None => {
             // SAFETY: flag is valid.
             unsafe { *flag = 0 };
             sys::OMPI_SUCCESS
         }
-        Err(e) => e,
     }
 }
 
@@ -2106,9 +2121,13 @@ fn improbe_impl(
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
     if let Some(sm) = m.soft.as_deref() {
-        progress_mtl(m);
         let (bits, ignore) = m.layout.recv_bits(comm_cid(comm), src, tag);
-        let Some(u) = super::softmatch::claim(m, sm, comm, bits, ignore) else {
+        let claimed = super::softmatch::claim(m, sm, comm, bits, ignore).or_else(|| {
+            // As in iprobe: Open MPI's progress (yielding when idle), then again.
+            ompi::progress::progress();
+            super::softmatch::claim(m, sm, comm, bits, ignore)
+        });
+        let Some(u) = claimed else {
             // SAFETY: flag is a valid out pointer.
             unsafe { *flag = 0 };
             return sys::OMPI_SUCCESS;
@@ -2119,6 +2138,8 @@ fn improbe_impl(
     let req = match claim_provider(m, comm, src, tag) {
         Ok(Some(req)) => req,
         Ok(None) => {
+            // As in iprobe: the peek's answer was our progress's only event.
+            ompi::progress::progress();
             // SAFETY: flag is a valid out pointer.
             unsafe { *flag = 0 };
             return sys::OMPI_SUCCESS;

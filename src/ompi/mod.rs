@@ -6,4 +6,5 @@ pub mod glue;
 pub mod modex;
 pub mod output;
 pub mod params;
+pub mod progress;
 pub mod pvar;
