@@ -578,7 +578,7 @@ unsafe fn release_enum(e: *mut sys::mca_base_var_enum_t) {
     unsafe { ompi_ofi_glue_obj_release(e as *mut c_void) }
 }
 
-/// The README's parameter table, generated from the same specs.
+/// The parameter table of docs/parameters.md, generated from the same specs.
 pub fn markdown_table() -> String {
     let mut s = String::from("| parameter | default | level | meaning |\n|---|---|---|---|\n");
     for (prefix, specs) in [
@@ -734,27 +734,29 @@ mod tests {
         }
     }
 
-    /// The README's table is this table: `OMPI_OFI_UPDATE_README=1 cargo test
-    /// readme_parameter_table` rewrites it after a change to `mca_params/`.
+    /// docs/parameters.md's table is this table: `OMPI_OFI_UPDATE_DOCS=1 cargo test
+    /// docs_parameter_table` rewrites it after a change to `mca_params/`.
     #[test]
-    fn readme_parameter_table_is_current() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-        let readme = std::fs::read_to_string(path).expect("README.md");
+    fn docs_parameter_table_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/parameters.md");
+        let doc = std::fs::read_to_string(path).expect("docs/parameters.md");
         let head = "| parameter | default | level | meaning |\n";
-        let start = readme.find(head).expect("the parameter table in README.md");
-        let end = readme[start..]
+        let start = doc
+            .find(head)
+            .expect("the parameter table in docs/parameters.md");
+        let end = doc[start..]
             .find("\n\n")
-            .map_or(readme.len(), |e| start + e + 1);
+            .map_or(doc.len(), |e| start + e + 1);
         let table = markdown_table();
-        if readme[start..end] != table && std::env::var_os("OMPI_OFI_UPDATE_README").is_some() {
-            let new = format!("{}{}{}", &readme[..start], table, &readme[end..]);
-            std::fs::write(path, new).expect("write README.md");
+        if doc[start..end] != table && std::env::var_os("OMPI_OFI_UPDATE_DOCS").is_some() {
+            let new = format!("{}{}{}", &doc[..start], table, &doc[end..]);
+            std::fs::write(path, new).expect("write docs/parameters.md");
             return;
         }
         assert!(
-            readme[start..end] == table,
-            "README.md's parameter table differs from mca_params/: run \
-             OMPI_OFI_UPDATE_README=1 cargo test readme_parameter_table"
+            doc[start..end] == table,
+            "docs/parameters.md's parameter table differs from mca_params/: run \
+             OMPI_OFI_UPDATE_DOCS=1 cargo test docs_parameter_table"
         );
     }
 
