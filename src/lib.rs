@@ -5,7 +5,7 @@
 //! names (`mca_btl_ofi.so`, `mca_mtl_ofi.so`) and the dynamic loader maps it once, so
 //! the common state in [`common`] exists once per process.
 //!
-//! Layout (see DESIGN.md): [`fabric`] owns libfabric objects safely, [`common`] holds
+//! Layout (see docs/design.md): [`fabric`] owns libfabric objects safely, [`common`] holds
 //! provider selection, the shared fabric/domain and the memory monitor, [`mtl`] and
 //! [`btl`] are the two data paths, [`ompi`] is the boundary with Open MPI (component
 //! structs, MCA parameters, output, modex).
