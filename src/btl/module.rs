@@ -1110,7 +1110,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     // mpi_tests/fbox's threads part saw a thread's messages overtake each other; that
     // was the test's MPI_T_init_thread(MPI_THREAD_SINGLE), which drops Open MPI 4.1.4's
     // own thread level, so that ob1's MPI_Recv shared one request among threads
-    // (btl/vader the same; README "Known problems").
+    // (btl/vader the same; docs/testing.md, "Open MPI 4.1.4's own layers").
     let on_shm = (common::endpoint::is_shm(&provider) || role == Role::OnHost) && local_ranks > 1;
     let fbox = if fbox > 0 && sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0 && on_shm {
         fbox::Sizes::new(

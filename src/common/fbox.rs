@@ -41,7 +41,7 @@
 //! with no message or the wrong one there, in `mpi_tests/fbox.c`, came from the test's
 //! `MPI_T_init_thread(MPI_THREAD_SINGLE)`, which drops Open MPI 4.1.4's own thread
 //! level, so that ob1's blocking `MPI_Recv` shared one request among threads:
-//! `btl/vader` did the same; README "Known problems".)
+//! `btl/vader` did the same; docs/testing.md, "Open MPI 4.1.4's own layers".)
 //!
 //! What it owns: the segments and the rings' protocol. What it must not touch: the
 //! provider, the dispatch of what arrives (the caller's closure).
