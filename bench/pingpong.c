@@ -13,7 +13,8 @@
  *   -w N      warm-up iterations per size (default iterations/10, between 2 and 200)
  *   -t SECS   time budget per measurement: fewer iterations when the warm-up says the
  *             full count would take longer (default 1.0); at least 5 iterations
- *   -b BYTES  bandwidth message size (default 1048576); 0 disables the bandwidth test
+ *   -b LIST   bandwidth message sizes, comma separated (default 1048576); 0 disables the
+ *             bandwidth test
  *   -W N      bandwidth window (default 64)
  *   -n N      bandwidth windows timed, at most (default 20; two warm-up windows before,
  *             the second of which sizes the run to the budget)
@@ -137,11 +138,25 @@ static double stream(int rank, char *buf, long size, int window, int windows, do
     return (double)size * window * n / secs / 1e6;
 }
 
+/* "8,4096,..." (or "none": no sizes) into out; returns the count. */
+static int parse_list(const char *arg, long *out)
+{
+    char *list = strdup(arg), *save = NULL;
+    int n = 0;
+    if (strcmp(list, "none") == 0)
+        *list = '\0';
+    for (char *t = strtok_r(list, ",", &save); t && n < MAX_SIZES; t = strtok_r(NULL, ",", &save))
+        out[n++] = atol(t);
+    free(list);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     long sizes[MAX_SIZES] = {8, 4096, 65536, 1048576};
     int nsizes = 4, iters = 10000, warmup = -1, window = 64, windows = 20, quick = 0;
-    long bwsize = 1048576;
+    long bwsizes[MAX_SIZES] = {1048576};
+    int nbw = 1;
     double budget = 1.0;
     int rank, nprocs, opt, set = 0, one_buffer = 0;
 
@@ -161,21 +176,15 @@ int main(int argc, char **argv)
 
     while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q1Th")) != -1) {
         switch (opt) {
-        case 's': {
-            char *list = strdup(optarg), *save = NULL;
-            nsizes = 0;
-            if (strcmp(list, "none") == 0)
-                *list = '\0';
-            for (char *t = strtok_r(list, ",", &save); t && nsizes < MAX_SIZES;
-                 t = strtok_r(NULL, ",", &save))
-                sizes[nsizes++] = atol(t);
-            free(list);
+        case 's':
+            nsizes = parse_list(optarg, sizes);
             break;
-        }
         case 'i': iters = atoi(optarg); set |= 1; break;
         case 'w': warmup = atoi(optarg); break;
         case 't': budget = atof(optarg); set |= 2; break;
-        case 'b': bwsize = atol(optarg); break;
+        case 'b':
+            nbw = parse_list(optarg, bwsizes);
+            break;
         case 'W': window = atoi(optarg); break;
         case 'n': windows = atoi(optarg); break;
         case 'q': quick = 1; break;
@@ -209,7 +218,10 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
-    long maxsize = bwsize > 1 ? bwsize : 1;
+    long maxsize = 1;
+    for (int i = 0; i < nbw; i++)
+        if (bwsizes[i] > maxsize)
+            maxsize = bwsizes[i];
     for (int i = 0; i < nsizes; i++)
         if (sizes[i] > maxsize)
             maxsize = sizes[i];
@@ -241,12 +253,14 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
         }
-        if (bwsize > 0) {
+        for (int i = 0; i < nbw; i++) {
             int used = 0;
-            double mbs = stream(rank, rank == 0 ? buf : rbuf, bwsize, window, windows, budget, &used);
+            if (bwsizes[i] <= 0)
+                continue;
+            double mbs = stream(rank, rank == 0 ? buf : rbuf, bwsizes[i], window, windows, budget, &used);
             if (rank == 0) {
-                printf("# bw %ld window=%d windows=%d\n", bwsize, window, used);
-                printf("bw %ld %.1f\n", bwsize, mbs);
+                printf("# bw %ld window=%d windows=%d\n", bwsizes[i], window, used);
+                printf("bw %ld %.1f\n", bwsizes[i], mbs);
                 fflush(stdout);
             }
         }
