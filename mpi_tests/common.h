@@ -521,8 +521,8 @@ typedef struct {
  * (ompi_mpi_thread_level), even after MPI_Init_thread: asked for MPI_THREAD_SINGLE in a
  * program running MPI_THREAD_MULTIPLE, MPI_Query_thread then says SINGLE and ob1's
  * blocking MPI_Recv shares one cached request among threads, so receives complete with
- * no message or another thread's (mpi_tests/repro/ob1_recv_threads.c; README "Known
- * problems").
+ * no message or another thread's (mpi_tests/repro/ob1_recv_threads.c; docs/testing.md,
+ * "Open MPI 4.1.4's own layers").
  */
 static T_UNUSED int t_mpit_init(int *provided)
 {

@@ -17,10 +17,10 @@
  *    (MPI_Isend) and receive their tag from the left neighbour in order, with MPI_Recv
  *    and with MPI_Irecv and MPI_Wait in turn. Fast boxes stay on under
  *    MPI_THREAD_MULTIPLE for both components. MPI_T is initialised at the level MPI
- *    provided (t_mpit_init): with MPI_THREAD_SINGLE, as until 6 December, Open MPI 4.1.4
- *    drops its own thread level to SINGLE, and ob1's MPI_Recv then completed receives
- *    with no message or another thread's, under btl/vader as under ours (README "Known
- *    problems").
+ *    provided (t_mpit_init): with MPI_THREAD_SINGLE Open MPI 4.1.4 drops its own thread
+ *    level to SINGLE, and ob1's MPI_Recv then completes receives with no message or
+ *    another thread's, under btl/vader as under ours (docs/testing.md, "Open MPI
+ *    4.1.4's own layers").
  * 3. The MPI_T counters of the component in use (pml cm: mtl_ofi_fbox_sent /
  *    _received, else btl_ofi_fbox_sent / _received): over shm with its fbox_size above
  *    0 both must have moved on every rank; otherwise both stay 0.

@@ -3,7 +3,8 @@
 //! (`tcp;ofi_rxm`), `udp;ofi_rxd` and `shm`. The default exclude list is not applied
 //! here. A provider that is missing makes its tests fail, never pass.
 //!
-//! `OFI_TEST_PROVIDER=<name>` additionally runs the whole sequence on that provider
+//! `OMPI_OFI_TEST_PROVIDER=<name>` (the one variable that names the provider of every
+//! test: cargo tests and MPI programs) additionally runs the whole sequence on that provider
 //! (e.g. `sockets`, `net`); the test fails if that provider is unavailable.
 
 use libfabric_sys as fi;
@@ -544,7 +545,7 @@ provider_tests!(tcp, "tcp", "tcp;ofi_rxm");
 provider_tests!(udp_rxd, "udp;ofi_rxd", "udp;ofi_rxd");
 provider_tests!(shm, "shm", "shm");
 
-/// The whole sequence on the provider named by `OFI_TEST_PROVIDER`, when set.
+/// The whole sequence on the provider named by `OMPI_OFI_TEST_PROVIDER`, when set.
 #[test]
 fn tcp_unexpected_in_order() {
     unexpected_in_order("tcp");
@@ -571,8 +572,8 @@ fn shm_unexpected_ignores_the_mask() {
 #[test]
 fn env_provider() {
     init_log();
-    let Ok(prov) = std::env::var("OFI_TEST_PROVIDER") else {
-        eprintln!("OFI_TEST_PROVIDER not set: nothing asked for");
+    let Ok(prov) = std::env::var("OMPI_OFI_TEST_PROVIDER") else {
+        eprintln!("OMPI_OFI_TEST_PROVIDER not set: nothing asked for");
         return;
     };
     objects_open_close(&prov, "");

@@ -17,8 +17,9 @@
 //!    MPI's patcher in this process; a real `munmap` reaches our subscriber and
 //!    libfabric through it. Last, because the patcher stays installed.
 //!
-//! The provider for the domains is `OMPI_OFI_TEST_PROVIDER` (or `FI_PROVIDER`), `tcp`
-//! by default; a provider that yields no domain fails the test.
+//! The provider for the domains is `OMPI_OFI_TEST_PROVIDER`, `tcp` by default (the one
+//! variable that names the provider of every test); a provider that yields no domain
+//! fails the test.
 //!
 //! Run with `RUST_LOG=info FI_LOG_LEVEL=info cargo test --test monitor -- --nocapture`
 //! to see libfabric's "setting imported memory monitor as default".
@@ -221,9 +222,7 @@ fn close_foreign() {
 // libfabric: info, fabric, domain (raw; the safe wrappers live in another branch)
 
 fn provider() -> String {
-    std::env::var("OMPI_OFI_TEST_PROVIDER")
-        .or_else(|_| std::env::var("FI_PROVIDER"))
-        .unwrap_or_else(|_| "tcp".into())
+    std::env::var("OMPI_OFI_TEST_PROVIDER").unwrap_or_else(|_| "tcp".into())
 }
 
 struct Info(*mut fi::fi_info);

@@ -7,7 +7,7 @@
  * says SINGLE). ob1's blocking MPI_Recv (mca_pml_ob1_recv) then takes its one cached
  * request, meant for single-threaded programs, in every thread at once, and receives
  * complete with no message or another thread's. Found with mpi_tests/fbox --threads
- * (README "Known problems").
+ * (docs/testing.md, "Open MPI 4.1.4's own layers").
  *
  *   mpicc -O2 -pthread ob1_recv_threads.c -o ob1_recv_threads
  *   mpirun --oversubscribe -np 4 --mca pml ob1 --mca btl vader,self \
