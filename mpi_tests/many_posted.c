@@ -12,8 +12,8 @@
  *    neighbour in reverse tag order with blocking sends the receiver must match before
  *    they return: MPI_Ssend of 8 bytes, and MPI_Send of 64 KiB (rendezvous on every
  *    provider here). The message for the last receive comes first, and that receive
- *    cannot be in a full provider queue: the MTL must match it anyway (with the C MTL,
- *    and with ours before 3 December 2026, the job hung here).
+ *    cannot be in a full provider queue: the MTL must match it anyway (the C MTL's job
+ *    hangs here).
  * 4. With --n receives waiting again, each rank sends its right neighbour a message no
  *    receive matches yet: MPI_Issend of 8 bytes and MPI_Isend of 64 KiB. The Issend must
  *    not complete while the receiver only progresses (the MTL may take the message off
