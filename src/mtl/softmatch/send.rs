@@ -340,94 +340,184 @@ pub unsafe fn send(
             ..Default::default()
         };
         if let Some(tx) = peer.fbox() {
-            // The record is the whole message: only a synchronous send's ACK is left.
-            req.pending.store(sync as i32, Ordering::Release);
-            if sync {
-                sm.expect(r as u64, ACK);
-            }
-            let h = req.sm_hdr;
-            // SAFETY: ptr_ holds len bytes; an eager message fits a record.
-            let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
+            // SAFETY: forwarded; an eager message fits a record.
+            return unsafe { send_eager_fbox(m, sm, r, tx, ptr_, len, sync) };
+        }
+        // SAFETY: forwarded.
+        return unsafe { send_eager(m, sm, r, ptr_, len, addr, sync) };
+    }
+    // SAFETY: forwarded.
+    unsafe { send_rendezvous(m, sm, r, peer, ptr_, len, bits, data) }
+}
+
+/// [`send`] of an eager message (its header in `sm_hdr`) to a peer with fast box `tx`:
+/// one record.
+///
+/// # Safety
+/// As for [`send`]; `len` is at most the eager limit.
+#[inline]
+unsafe fn send_eager_fbox(
+    m: &Mtl,
+    sm: &SoftMatch,
+    r: *mut Request,
+    tx: &fbox::Tx,
+    ptr_: *const u8,
+    len: usize,
+    sync: bool,
+) -> c_int {
+    // SAFETY: r is live (the caller's contract).
+    let req = unsafe { &mut *r };
+    // The record is the whole message: only a synchronous send's ACK is left.
+    req.pending.store(sync as i32, Ordering::Release);
+    if sync {
+        sm.expect(r as u64, ACK);
+    }
+    let h = req.sm_hdr;
+    // SAFETY: ptr_ holds len bytes; an eager message fits a record.
+    let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
+    if ret < 0 {
+        if sync {
+            sm.forget(r as u64);
+        }
+        return datapath::fi_to_ompi(ret);
+    }
+    if sync {
+        sys::OMPI_SUCCESS
+    } else {
+        SENT_INLINE
+    }
+}
+
+/// [`send`] of an eager message (its header in `sm_hdr`) through the provider to
+/// `addr`: in pieces, injected, from a copy, or from the caller's buffer.
+///
+/// # Safety
+/// As for [`send`].
+#[inline]
+unsafe fn send_eager(
+    m: &Mtl,
+    sm: &SoftMatch,
+    r: *mut Request,
+    ptr_: *const u8,
+    len: usize,
+    addr: u64,
+    sync: bool,
+) -> c_int {
+    // SAFETY: r is live (the caller's contract).
+    let req = unsafe { &mut *r };
+    req.pending
+        .store(if sync { 2 } else { 1 }, Ordering::Release);
+    if sync {
+        sm.expect(r as u64, ACK);
+    }
+    let total = HDR_LEN + len;
+    if sm.piece_max > 0 && total > sm.piece_max {
+        if sync {
+            // Only the acknowledgement is left once the pieces are out.
+            req.pending.store(1, Ordering::Release);
+        }
+        // SAFETY: ptr_ holds len bytes.
+        let ret = unsafe { send_pieces(m, sm, &req.sm_hdr, ptr_, len, addr) };
+        return sent_from_copies(sm, req, sync, ret);
+    }
+    if !sync {
+        // SAFETY: ptr_ holds len bytes.
+        if let Some(ret) = unsafe { inject_whole(m, sm, &req.sm_hdr, ptr_, len, addr) } {
             if ret < 0 {
-                if sync {
-                    sm.forget(r as u64);
-                }
                 return datapath::fi_to_ompi(ret);
             }
-            return if sync { sys::OMPI_SUCCESS } else { SENT_INLINE };
+            req.pending.store(0, Ordering::Release);
+            return SENT_INLINE;
         }
-        req.pending
-            .store(if sync { 2 } else { 1 }, Ordering::Release);
-        if sync {
-            sm.expect(r as u64, ACK);
-        }
-        let total = HDR_LEN + len;
-        if sm.piece_max > 0 && total > sm.piece_max {
-            if sync {
-                // Only the acknowledgement is left once the pieces are out.
-                req.pending.store(1, Ordering::Release);
-            }
-            // SAFETY: ptr_ holds len bytes.
-            let ret = unsafe { send_pieces(m, sm, &req.sm_hdr, ptr_, len, addr) };
-            return sent_from_copies(sm, req, sync, ret);
-        }
-        if !sync {
-            // SAFETY: ptr_ holds len bytes.
-            if let Some(ret) = unsafe { inject_whole(m, sm, &req.sm_hdr, ptr_, len, addr) } {
-                if ret < 0 {
-                    return datapath::fi_to_ompi(ret);
-                }
-                req.pending.store(0, Ordering::Release);
-                return SENT_INLINE;
-            }
-        }
-        if (!sync || sm.send_window > 0) && len <= COPY_MAX {
-            // A synchronous send under a send window goes as a copy in the window too;
-            // only its acknowledgement is left after it.
-            if sync {
-                req.pending.store(1, Ordering::Release);
-            }
-            sm.wait_for_window(m);
-            // Complete the request now, as an inject would: the message goes out of a
-            // copy that is freed at its completion. Programs written against ob1 (and
-            // most MTLs, whose small sends complete at once) test for this.
-            // SAFETY: ptr_ holds len bytes; the copy gets its own request.
-            let ret = unsafe { send_copy(m, sm, &req.sm_hdr, ptr_, len, addr, &mut None) };
-            return sent_from_copies(sm, req, sync, ret);
-        }
-        let iov = [
-            fi::iovec {
-                iov_base: &mut req.sm_hdr as *mut Hdr as *mut c_void,
-                iov_len: HDR_LEN,
-            },
-            fi::iovec {
-                iov_base: ptr_ as *mut c_void,
-                iov_len: len,
-            },
-        ];
-        let ctx = req.ctx_ptr();
-        let n = if len == 0 { 1 } else { 2 };
-        let hdr = iov[0].iov_base as *mut u8;
-        let ret = datapath::retry(m, || {
-            sm.numbered(addr, |seq, src| {
-                // SAFETY: the header lives in the request and the data in the caller's
-                // buffer until the send completes.
-                unsafe {
-                    stamp(hdr, seq, src);
-                    fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx)
-                }
-            })
-        });
-        return if ret < 0 {
-            if sync {
-                sm.forget(r as u64);
-            }
-            datapath::fi_to_ompi(ret)
-        } else {
-            sys::OMPI_SUCCESS
-        };
     }
-    // Rendezvous: expose the buffer, send the RTS, wait for FIN.
+    if (!sync || sm.send_window > 0) && len <= COPY_MAX {
+        // A synchronous send under a send window goes as a copy in the window too;
+        // only its acknowledgement is left after it.
+        if sync {
+            req.pending.store(1, Ordering::Release);
+        }
+        sm.wait_for_window(m);
+        // Complete the request now, as an inject would: the message goes out of a
+        // copy that is freed at its completion. Programs written against ob1 (and
+        // most MTLs, whose small sends complete at once) test for this.
+        // SAFETY: ptr_ holds len bytes; the copy gets its own request.
+        let ret = unsafe { send_copy(m, sm, &req.sm_hdr, ptr_, len, addr, &mut None) };
+        return sent_from_copies(sm, req, sync, ret);
+    }
+    // SAFETY: forwarded.
+    unsafe { send_eager_sendv(m, sm, r, ptr_, len, addr, sync) }
+}
+
+/// [`send`] of an eager message (its header in `sm_hdr`) to `addr` straight from the
+/// request's header and the caller's buffer: complete when the provider says so.
+///
+/// # Safety
+/// As for [`send`].
+#[inline]
+unsafe fn send_eager_sendv(
+    m: &Mtl,
+    sm: &SoftMatch,
+    r: *mut Request,
+    ptr_: *const u8,
+    len: usize,
+    addr: u64,
+    sync: bool,
+) -> c_int {
+    // SAFETY: r is live (the caller's contract).
+    let req = unsafe { &mut *r };
+    let iov = [
+        fi::iovec {
+            iov_base: &mut req.sm_hdr as *mut Hdr as *mut c_void,
+            iov_len: HDR_LEN,
+        },
+        fi::iovec {
+            iov_base: ptr_ as *mut c_void,
+            iov_len: len,
+        },
+    ];
+    let ctx = req.ctx_ptr();
+    let n = if len == 0 { 1 } else { 2 };
+    let hdr = iov[0].iov_base as *mut u8;
+    let ret = datapath::retry(m, || {
+        sm.numbered(addr, |seq, src| {
+            // SAFETY: the header lives in the request and the data in the caller's
+            // buffer until the send completes.
+            unsafe {
+                stamp(hdr, seq, src);
+                fi::fi_sendv(m.ep(), iov.as_ptr(), ptr::null_mut(), n, addr, ctx)
+            }
+        })
+    });
+    if ret < 0 {
+        if sync {
+            sm.forget(r as u64);
+        }
+        datapath::fi_to_ompi(ret)
+    } else {
+        sys::OMPI_SUCCESS
+    }
+}
+
+/// [`send`] of a message larger than the eager limit, by rendezvous: expose the
+/// buffer, send the RTS, wait for FIN.
+///
+/// # Safety
+/// As for [`send`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn send_rendezvous(
+    m: &Mtl,
+    sm: &SoftMatch,
+    r: *mut Request,
+    peer: Peer,
+    ptr_: *const u8,
+    len: usize,
+    bits: u64,
+    data: u64,
+) -> c_int {
+    // SAFETY: r is live (the caller's contract).
+    let req = unsafe { &mut *r };
+    let addr = peer.addr;
     let key = sm.next_key.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the buffer stays valid until FIN, when the registration is dropped.
     let mr = unsafe {
@@ -498,7 +588,7 @@ pub unsafe fn send(
 /// Drop the registration of rendezvous send `req`'s buffer, if it has one.
 pub(super) fn drop_mr(req: &mut Request) {
     if !req.sm_mr.is_null() {
-        // SAFETY: the Box leaked in send().
+        // SAFETY: the Box leaked in send_rendezvous().
         unsafe { drop(Box::from_raw(req.sm_mr as *mut MemoryRegion)) };
         req.sm_mr = ptr::null_mut();
     }
