@@ -33,8 +33,8 @@ pub const BOUNCE_SMALL: usize = 16384;
 
 /// Bounce buffers where an RMA read is a protocol exchange of the provider's own
 /// (net): up to 64 KiB of payload goes eagerly, one message instead of RTS, read
-/// request, read response and FIN (64 KiB over net: 11.9 us eager against 24.5 us
-/// read).
+/// request, read response and FIN, which cost more than the one message at that size
+/// (bench/pingpong.c over net, `-s 65536`, shows it).
 pub const BOUNCE_LARGE: usize = 65536 + HDR_LEN;
 
 /// Post bounce buffer `r`, progressing while the provider pushes back; returns the

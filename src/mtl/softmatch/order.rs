@@ -12,10 +12,11 @@ use std::sync::Mutex;
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
 /// messages out of the order they were sent, though it promises `FI_ORDER_SAS`
 /// (`common::quirks::Quirks::reorders_messages`: udp;ofi_rxd 1.17, where an 8-byte
-/// message overtook the 0-byte one sent before it on the same communicator and tag,
-/// one `threads` run in four). MPI's non-overtaking rule needs that order: each message
-/// that matches (EAGER, RTS, FRAG) is numbered per destination as it is posted, and
-/// the receiver holds one that arrives early until the messages before it arrived.
+/// message can overtake the 0-byte one sent before it on the same communicator and
+/// tag: mpi_tests `threads` at 2 ranks, and mpi_tests/repro/rxd_msg_flood.c without
+/// MPI). MPI's non-overtaking rule needs that order: each message that matches (EAGER,
+/// RTS, FRAG) is numbered per destination as it is posted, and the receiver holds one
+/// that arrives early until the messages before it arrived.
 pub(super) struct Order {
     /// This process, as its messages name it (`Hdr::src`).
     me: u64,

@@ -269,7 +269,7 @@ unsafe fn inject_whole(
         return None;
     }
     // Not zeroed: only the `total` bytes written below are handed to inject (zeroing
-    // 4 KiB cost more than the rest of a small send).
+    // 4 KiB costs more than the rest of a small send).
     let mut tmp = std::mem::MaybeUninit::<[u8; PIECE_BUF]>::uninit();
     let tmp = tmp.as_mut_ptr() as *mut u8;
     // SAFETY: both sources hold the bytes copied; tmp has room for total.

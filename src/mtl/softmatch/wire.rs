@@ -14,17 +14,20 @@ pub(super) const FRAG: u32 = 5;
 
 /// The largest eager message where sends longer than one packet are unsafe
 /// (`pieces_eager_max`, udp;ofi_rxd): larger ones are read by their receiver. Over rxd
-/// a piece of one packet costs about 2.8 us one way (each is acknowledged on its own)
-/// and a read about 17 us plus 1.5 us per packet (RTS, read request, data, FIN): at
-/// 8 KiB both took 23.5 us; at 16 KiB pieces 42 us against 33 us read, at 64 KiB 162
-/// against 99, and a 1 MiB stream 395 MB/s against 700 (the C MTL's 690 to 720).
+/// every piece of one packet is acknowledged on its own, so the cost of a message in
+/// pieces grows with its length faster than that of a read, whose exchange (RTS, read
+/// request, data, FIN) costs more up front and little per packet: the two cost about
+/// the same at this size, and above it the read is faster, one way and in a stream
+/// (bench/pingpong.c over udp;ofi_rxd, `-s 8192,16384,65536` and its 1 MiB stream,
+/// shows both sides).
 pub const PIECES_EAGER_MAX: usize = 8192;
 
 /// Injects per eager message at most where a send past the inject size is slow
 /// (`send_past_inject_slow`, shm): larger messages are read by their receiver. On shm
-/// a read costs 3.2 to 3.5 us one way at any size from 4 KiB to 16 KiB (one
-/// `process_vm_readv`), while each inject past the second adds 0.6 to 1 us (as pieces,
-/// 8,192 bytes took 3.4 to 4.2 us, 12,244 5.1 to 5.9, 16,000 5.8 to 6.4).
+/// a read is one `process_vm_readv`, whose cost hardly changes from 4 KiB to 16 KiB,
+/// while each inject past the second adds to a message's latency: two injects cost
+/// about what the read costs, three or more cost more (bench/pingpong.c over shm,
+/// `-s 4096,8192,12244,16000`, shows it).
 pub const SLOW_SEND_EAGER_INJECTS: usize = 2;
 
 /// The header of every message.
