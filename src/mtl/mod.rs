@@ -1,14 +1,23 @@
 //! The OFI MTL: tagged messaging under pml cm.
 //!
 //! `component` is the exported component, `setup` builds and tears down the module,
-//! `datapath` is the tagged data path, `tag` the 64-bit tag layouts, `softmatch` the
-//! MTL's own matching where the provider's cannot be trusted, `stall` the stall breaker,
-//! `stats` the MPI_T counters.
+//! `ffi` holds the module's entry points. The tagged data path is `state` (what it
+//! reads), `request`, `peer`, `send`, `recv`, `probe`, `progress` and `completion`;
+//! `tag` holds the 64-bit tag layouts, `softmatch` the MTL's own matching where the
+//! provider's cannot be trusted, `stall` the stall breaker, `stats` the MPI_T counters.
+pub mod completion;
 pub mod component;
-pub mod datapath;
+pub mod ffi;
+pub mod peer;
+pub mod probe;
+pub mod progress;
+pub mod recv;
+pub mod request;
+pub mod send;
 pub mod setup;
 pub mod softmatch;
 pub mod stall;
+pub mod state;
 pub mod stats;
 pub mod tag;
 

@@ -4,7 +4,11 @@
 //! What it owns: the libfabric objects of the MTL (kept in [`RESOURCES`]) and the
 //! [`Mtl`] state the data path reads. It must not touch the data path's requests.
 
-use super::datapath::{self, Mtl, PeerEndpoint, REQUEST_EXTRA};
+use super::ffi;
+use super::peer::PeerEndpoint;
+use super::progress;
+use super::request::REQUEST_EXTRA;
+use super::state::{self, Mtl};
 use super::tag::{TagLayout, TagMode};
 use crate::common::{self, fbox, DomainHandle, DomainRequest};
 use crate::fabric::{AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints};
@@ -49,13 +53,13 @@ static MODULE: Exported<sys::mca_mtl_base_module_t> = Exported::new(sys::mca_mtl
     mtl_add_procs: Some(mtl_add_procs),
     mtl_del_procs: Some(mtl_del_procs),
     mtl_finalize: Some(mtl_finalize),
-    mtl_send: Some(datapath::mtl_send),
-    mtl_isend: Some(datapath::mtl_isend),
-    mtl_irecv: Some(datapath::mtl_irecv),
-    mtl_iprobe: Some(datapath::mtl_iprobe),
-    mtl_imrecv: Some(datapath::mtl_imrecv),
-    mtl_improbe: Some(datapath::mtl_improbe),
-    mtl_cancel: Some(datapath::mtl_cancel),
+    mtl_send: Some(ffi::mtl_send),
+    mtl_isend: Some(ffi::mtl_isend),
+    mtl_irecv: Some(ffi::mtl_irecv),
+    mtl_iprobe: Some(ffi::mtl_iprobe),
+    mtl_imrecv: Some(ffi::mtl_imrecv),
+    mtl_improbe: Some(ffi::mtl_improbe),
+    mtl_cancel: Some(ffi::mtl_cancel),
     mtl_add_comm: Some(mtl_add_comm),
     mtl_del_comm: Some(mtl_del_comm),
 });
@@ -339,9 +343,9 @@ pub fn init_module(
     let threaded_lock = mpi_threads;
     let inject_size = info.inject_size();
     // The depth of the provider's receive queue: the MTL keeps part of it for Open
-    // MPI's own receives (datapath::RxBudget).
+    // MPI's own receives (state::RxBudget).
     let rx_capacity = info.rx_size();
-    let rx = datapath::RxBudget::new(rx_capacity, mpi_threads);
+    let rx = state::RxBudget::new(rx_capacity, mpi_threads);
     let rx_user_max = rx.user_max();
     let provider = info.provider_name().to_string();
 
@@ -404,7 +408,7 @@ pub fn init_module(
             crate::common::endpoint::open_scalable_enabled(&dom, domain.info(), &av, nctx, used)?;
         name = sep.getname().map_err(|x| e("fi_getname", x))?;
         for c in contexts {
-            ctxs.push(datapath::Ctx {
+            ctxs.push(state::Ctx {
                 tx: c.tx.as_ptr(),
                 rx: c.rx.as_ptr(),
                 cq: c.cq.as_ptr(),
@@ -417,7 +421,7 @@ pub fn init_module(
         let cq = open_cq()?;
         let ep = crate::common::endpoint::open_enabled(&dom, domain.info(), &cq, &av)?;
         name = ep.getname().map_err(|x| e("fi_getname", x))?;
-        ctxs.push(datapath::Ctx {
+        ctxs.push(state::Ctx {
             tx: ep.as_ptr(),
             rx: ep.as_ptr(),
             cq: cq.as_ptr(),
@@ -442,11 +446,11 @@ pub fn init_module(
         directed: directed && layout.source_in_data(),
         lazy_matching: quirks.lags_in_auto_progress,
         events_per_progress: events,
-        lock: datapath::MaybeLock::new(threaded_lock),
+        lock: crate::common::sync::MaybeLock::new(threaded_lock),
         overflow,
         overflow_len,
         sync_ids: AtomicU32::new(0),
-        counters: datapath::Counters {
+        counters: state::Counters {
             per_ctx: (0..if used > 1 { used } else { 0 })
                 .map(|_| Default::default())
                 .collect(),
@@ -575,9 +579,9 @@ pub fn init_module(
     let soft_eager_max = state.soft.as_ref().map_or(0, |s| s.eager_max());
     let soft_pieces = state.soft.as_ref().is_some_and(|s| s.eager_in_pieces());
     let soft_buffers = state.soft.as_ref().map_or(String::new(), |s| s.buffers());
-    datapath::MTL.store(Box::into_raw(state), Ordering::Release);
+    state::MTL.store(Box::into_raw(state), Ordering::Release);
     // SAFETY: a plain function pointer registration.
-    unsafe { sys::opal_progress_register(Some(datapath::progress_cb)) };
+    unsafe { sys::opal_progress_register(Some(progress::progress_cb)) };
     CID_WARNED.store(false, Ordering::Relaxed);
 
     let m = MODULE.get();
@@ -696,7 +700,7 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
         return Err(sys::OMPI_ERR_NOT_AVAILABLE);
     };
     // The largest record this process sends through a fast box, if it has them.
-    let fbox_max = datapath::mtl()
+    let fbox_max = state::mtl()
         .and_then(|m| m.soft.as_deref())
         .filter(|sm| sm.fbox.is_some())
         .map(|sm| sm.fbox_record_max());
@@ -835,7 +839,7 @@ extern "C" fn mtl_add_comm(
                  ({max} ids): once all are in use, creating another communicator fails with \
                  MPI_ERR_INTERN until some are freed; mtl_ofi_tag_mode=ofi_tag_2 or \
                  ofi_tag_full carries more where the provider allows it",
-                datapath::mtl().map_or("?", |m| m.layout.mode.name())
+                state::mtl().map_or("?", |m| m.layout.mode.name())
             );
         }
         if cid >= max {
@@ -865,12 +869,12 @@ extern "C" fn mtl_finalize(_m: *mut sys::mca_mtl_base_module_t) -> c_int {
 
 /// Tear everything down (idempotent): progress, state, peers, then the objects.
 pub fn finalize() {
-    let p = datapath::MTL.swap(ptr::null_mut(), Ordering::AcqRel);
+    let p = state::MTL.swap(ptr::null_mut(), Ordering::AcqRel);
     let m = if p.is_null() {
         None
     } else {
         // SAFETY: unregistering the callback we registered.
-        unsafe { sys::opal_progress_unregister(Some(datapath::progress_cb)) };
+        unsafe { sys::opal_progress_unregister(Some(progress::progress_cb)) };
         // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
         Some(unsafe { Box::from_raw(p) })
     };
@@ -888,7 +892,7 @@ pub fn finalize() {
                     );
                     break;
                 }
-                datapath::progress_mtl(m);
+                progress::progress_mtl(m);
             }
         }
     }

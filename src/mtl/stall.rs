@@ -23,13 +23,16 @@
 //! user's class reaches the provider meanwhile (threads posting on the fast path are
 //! waited for, see `Mtl::fast_posts`).
 //!
-//! [`Deferred`]: super::datapath::Deferred
+//! [`Deferred`]: super::state::Deferred
 //! [`TagLayout::user_any`]: super::tag::TagLayout::user_any
 
-use super::datapath::{
-    envelope, peek_wait, peer_addr, recv_done, recv_exact, Deferred, Kind, Mtl, Request,
-    FI_ADDR_UNSPEC,
-};
+use super::completion::recv_done;
+use super::peer::{envelope, peer_addr};
+use super::probe::{peek_wait, recv_exact};
+use super::request::{Kind, Request};
+use super::state::{Deferred, Mtl};
+use crate::fabric::FI_ADDR_UNSPEC;
+use crate::ompi::comm::Comm;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -41,15 +44,7 @@ const BATCH: usize = 64;
 
 /// Does a message of `bits`/`data` match a receive posted with `want`/`ignore` and
 /// source address `addr` on `comm`?
-fn matches(
-    m: &Mtl,
-    comm: *mut sys::ompi_communicator_t,
-    want: u64,
-    ignore: u64,
-    addr: u64,
-    bits: u64,
-    data: u64,
-) -> bool {
+fn matches(m: &Mtl, comm: Comm, want: u64, ignore: u64, addr: u64, bits: u64, data: u64) -> bool {
     if (bits ^ want) & !ignore != 0 {
         return false;
     }
@@ -77,7 +72,8 @@ unsafe fn matches_recv(m: &Mtl, r: *const Request, s: &Request) -> bool {
             (*r).post_addr,
         )
     };
-    matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data)
+    // A receive without a communicator matches nothing (every receive has one).
+    comm.is_some_and(|comm| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
 }
 
 /// Take the oldest stashed message receive `r` matches.
@@ -102,12 +98,7 @@ pub(super) unsafe fn take_for_recv(
 }
 
 /// The oldest stashed message a probe of (`comm`, `want`/`ignore`, `addr`) matches.
-fn find(
-    m: &Mtl,
-    d: &Deferred,
-    comm: *mut sys::ompi_communicator_t,
-    (want, ignore, addr): (u64, u64, u64),
-) -> Option<usize> {
+fn find(m: &Mtl, d: &Deferred, comm: Comm, (want, ignore, addr): (u64, u64, u64)) -> Option<usize> {
     d.stash
         .iter()
         .position(|s| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
@@ -116,7 +107,7 @@ fn find(
 /// `MPI_Iprobe` of the stash: tag bits, CQ data and length of the oldest match.
 pub(super) fn peek_stash(
     m: &Mtl,
-    comm: *mut sys::ompi_communicator_t,
+    comm: Comm,
     pattern: (u64, u64, u64),
 ) -> Option<(u64, u64, usize)> {
     if !m.has_stash.load(Ordering::SeqCst) {
@@ -132,7 +123,7 @@ pub(super) fn peek_stash(
 pub(super) fn claim_stash(
     m: &Mtl,
     d: &mut Deferred,
-    comm: *mut sys::ompi_communicator_t,
+    comm: Comm,
     pattern: (u64, u64, u64),
 ) -> Option<Box<Request>> {
     if d.stash.is_empty() {
@@ -143,17 +134,17 @@ pub(super) fn claim_stash(
     if d.stash.is_empty() {
         m.has_stash.store(false, Ordering::SeqCst);
     }
-    s.comm = comm;
+    s.comm = Some(comm);
     s.kind = Kind::Claim;
     acknowledge(m, comm, &s);
     Some(s)
 }
 
 /// A synchronous send's message was matched: tell its sender.
-fn acknowledge(m: &Mtl, comm: *mut sys::ompi_communicator_t, s: &Request) {
+fn acknowledge(m: &Mtl, comm: Comm, s: &Request) {
     if let Ok(env) = envelope(m, comm, s.matched_tag, s.matched_data) {
         if env.proto == super::tag::Proto::Sync {
-            super::datapath::send_ack(m, comm, env.source, env.sync_id);
+            super::completion::send_ack(m, comm, env.source, env.sync_id);
         }
     }
 }
@@ -297,7 +288,7 @@ fn take_first(
     want: u64,
     ignore: u64,
 ) -> Result<Option<Box<Request>>, c_int> {
-    let mut s = Box::new(Request::internal(Kind::Stash, ptr::null_mut()));
+    let mut s = Box::new(Request::internal(Kind::Stash, None));
     peek_wait(m, &mut s, rx, FI_ADDR_UNSPEC, want, ignore)?;
     if !s.probe_found {
         return Ok(None);
@@ -317,11 +308,9 @@ fn sender(m: &Mtl, bits: u64, data: u64) -> u64 {
         return FI_ADDR_UNSPEC;
     }
     let cid = m.layout.cid(bits);
-    // SAFETY: a plain lookup in Open MPI's table of communicators.
-    let comm = unsafe { crate::ompi::glue::ompi_ofi_glue_comm_lookup(cid) };
-    if comm.is_null() {
+    let Some(comm) = Comm::lookup(cid) else {
         return FI_ADDR_UNSPEC;
-    }
+    };
     match envelope(m, comm, bits, data).and_then(|env| peer_addr(comm, env.source)) {
         Ok(addr) => m.rx_addr(addr, cid),
         Err(_) => FI_ADDR_UNSPEC,

@@ -11,7 +11,11 @@ use super::recv::{deliver, fail_recv, Delivery};
 use super::send::drop_mr;
 use super::wire::{Hdr, ACK, EAGER, FIN, FRAG, HDR_LEN};
 use super::SoftMatch;
-use crate::mtl::datapath::{self, Mtl, Request, FI_ADDR_UNSPEC};
+use crate::fabric::FI_ADDR_UNSPEC;
+use crate::mtl::completion;
+use crate::mtl::progress;
+use crate::mtl::request::Request;
+use crate::mtl::state::Mtl;
 use libfabric_sys as fi;
 use std::os::raw::c_void;
 use std::ptr;
@@ -40,7 +44,7 @@ pub const BOUNCE_LARGE: usize = 65536 + HDR_LEN;
 /// Post bounce buffer `r`, progressing while the provider pushes back; returns the
 /// provider's code.
 pub(super) fn post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
-    datapath::retry(m, || try_post_bounce(m, sm, r))
+    progress::retry(m, || try_post_bounce(m, sm, r))
 }
 
 /// One attempt at posting bounce buffer `r`. The caller holds `m.lock`.
@@ -205,7 +209,7 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                 if hdr.kind == FIN {
                     drop_mr(&mut *r);
                 }
-                datapath::finish_part(r);
+                completion::finish_part(r);
             }
         }
         FRAG => {

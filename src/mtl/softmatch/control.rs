@@ -8,7 +8,8 @@ use super::send::{fbox_post, send_copy};
 use super::wire::{Hdr, HDR_LEN};
 use super::SoftMatch;
 use crate::common::fbox;
-use crate::mtl::datapath::{self, Mtl};
+use crate::mtl::progress;
+use crate::mtl::state::Mtl;
 use libfabric_sys as fi;
 use std::os::raw::c_void;
 use std::ptr;
@@ -40,7 +41,7 @@ pub(super) fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, to
         }
         return;
     }
-    let ret = datapath::retry(m, || {
+    let ret = progress::retry(m, || {
         // SAFETY: inject copies the header before returning.
         unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
     });

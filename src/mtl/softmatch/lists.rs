@@ -6,7 +6,7 @@
 //! completes a request (delivery happens after the lock is released, in `recv`).
 
 use super::wire::{Hdr, EAGER};
-use crate::mtl::datapath::Request;
+use crate::mtl::request::Request;
 use std::collections::VecDeque;
 use std::ptr;
 

@@ -66,16 +66,18 @@ pub use recv::{cancel, claim, irecv, post_waiting_reads, probe, read_done, take}
 pub use send::{copied_sent, send, send_injected, PIECE_BUF, SENT_INLINE};
 pub use wire::{BadHdr, Hdr, HDR_LEN, PIECES_EAGER_MAX, SLOW_SEND_EAGER_INJECTS};
 
-use super::datapath::{self, Kind, Mtl, Request};
 use crate::common::fbox;
 use crate::fabric::Domain;
+use crate::mtl::progress;
+use crate::mtl::request::Kind;
+use crate::mtl::request::Request;
+use crate::mtl::state::Mtl;
 use bounce::post_bounce;
 use lists::Lists;
 use ompi_sys as sys;
 use order::{process_id, Order};
 use std::collections::VecDeque;
 use std::os::raw::{c_int, c_void};
-use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -237,7 +239,7 @@ impl SoftMatch {
         num: &mut Option<(u32, u64)>,
         mut post: impl FnMut(u32, u64) -> isize,
     ) -> isize {
-        datapath::retry(m, || match *num {
+        progress::retry(m, || match *num {
             Some((seq, src)) => post(seq, src),
             None => self.numbered(addr, |seq, src| {
                 let ret = post(seq, src);
@@ -275,7 +277,7 @@ impl SoftMatch {
     /// flight.
     fn wait_for_window(&self, m: &Mtl) {
         if self.send_window > 0 {
-            datapath::wait_until(m, || {
+            progress::wait_until(m, || {
                 self.copies_in_flight.load(Ordering::Relaxed) < self.send_window
             });
         }
@@ -360,7 +362,7 @@ impl SoftMatch {
             (BOUNCE_COUNT, self.bounce_size)
         };
         for _ in 0..count {
-            let mut r = Box::new(Request::internal(Kind::Bounce, ptr::null_mut()));
+            let mut r = Box::new(Request::internal(Kind::Bounce, None));
             // SAFETY: plain allocation, checked.
             let buf = unsafe { libc::malloc(size) } as *mut u8;
             if buf.is_null() {
@@ -377,7 +379,7 @@ impl SoftMatch {
                     "posting a receive buffer failed: {}",
                     crate::fabric::Error::from_ret(ret)
                 );
-                return Err(datapath::fi_to_ompi(ret));
+                return Err(progress::fi_to_ompi(ret));
             }
         }
         Ok(())

@@ -8,8 +8,14 @@ use super::control::control;
 use super::lists::{lock, matches, Posted, Unexpected};
 use super::wire::{Hdr, ACK, EAGER, FIN};
 use super::SoftMatch;
-use crate::mtl::datapath::{self, Kind, Mtl, Peer, Request};
+use crate::mtl::completion;
+use crate::mtl::peer;
+use crate::mtl::peer::Peer;
+use crate::mtl::request::Kind;
+use crate::mtl::request::Request;
+use crate::mtl::state::Mtl;
 use crate::mtl::tag::{Proto, TagLayout};
+use crate::ompi::comm::Comm;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -47,19 +53,27 @@ pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payloa
     // SAFETY: r is a live receive we matched.
     let req = unsafe { &mut *r };
     // Decoded once: the sender's address and the receive's status both come from it.
-    let env = datapath::envelope(m, req.comm, hdr.bits, hdr.data);
+    let env = req
+        .comm()
+        .and_then(|comm| peer::envelope(m, comm, hdr.bits, hdr.data));
     let source = match env {
         Ok(ref e) => e.source,
         Err(_) => {
             // Logged (by envelope); the receive fails. An RTS sender is not told (it
             // is not a peer we can name).
             // SAFETY: r is live.
-            unsafe { datapath::recv_done_with(m, r, env, 0, false, sys::MPI_ERR_INTERN as c_int) };
+            unsafe {
+                completion::recv_done_with(m, r, env, 0, false, sys::MPI_ERR_INTERN as c_int)
+            };
             return;
         }
     };
     // Only acknowledgements and reads need the sender's address.
-    let peer = || datapath::peer(req.comm, source).unwrap_or(Peer::UNKNOWN);
+    let peer = || {
+        req.comm()
+            .and_then(|comm| peer::peer(comm, source))
+            .unwrap_or(Peer::UNKNOWN)
+    };
     match what {
         Delivery::Eager(_) | Delivery::Filled(_) | Delivery::Lost => {
             let mut status = sys::MPI_SUCCESS as c_int;
@@ -85,7 +99,7 @@ pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payloa
                 control(m, p.addr, p.fbox(), ACK, hdr.token);
             }
             // SAFETY: r is live.
-            unsafe { datapath::recv_done_with(m, r, env, len, false, status) };
+            unsafe { completion::recv_done_with(m, r, env, len, false, status) };
         }
         Delivery::Rts => {
             let p = peer();
@@ -97,7 +111,7 @@ pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payloa
                 control(m, addr, p.fbox(), FIN, hdr.token);
                 // SAFETY: r is live.
                 unsafe {
-                    datapath::recv_done_with(
+                    completion::recv_done_with(
                         m,
                         r,
                         env,
@@ -177,9 +191,10 @@ unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
 }
 
 /// The sender of the message receive `req` holds (`sm_hdr`), if it can be named.
-fn sender(m: &Mtl, req: &Request) -> Option<datapath::Peer> {
-    let env = datapath::envelope(m, req.comm, req.sm_hdr.bits, req.sm_hdr.data).ok()?;
-    datapath::peer(req.comm, env.source).ok()
+fn sender(m: &Mtl, req: &Request) -> Option<peer::Peer> {
+    let comm = req.comm().ok()?;
+    let env = peer::envelope(m, comm, req.sm_hdr.bits, req.sm_hdr.data).ok()?;
+    peer::peer(comm, env.source).ok()
 }
 
 /// Tell the sender of the message receive `req` holds that its data was read (or the
@@ -220,7 +235,7 @@ pub fn post_waiting_reads(m: &Mtl, sm: &SoftMatch) {
 pub(super) unsafe fn fail_recv(m: &Mtl, r: *mut Request, hdr: &Hdr) {
     // SAFETY: forwarded.
     unsafe {
-        datapath::recv_done(
+        completion::recv_done(
             m,
             r,
             hdr.bits,
@@ -244,7 +259,7 @@ pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
     send_fin(m, req);
     // SAFETY: r is live.
     unsafe {
-        datapath::recv_done(
+        completion::recv_done(
             m,
             r,
             hdr.bits,
@@ -300,13 +315,7 @@ pub fn probe(sm: &SoftMatch, bits: u64, ignore: u64) -> Option<(u64, u64, usize)
 
 /// Remove the first unexpected message matching (`bits`, `ignore`) (mprobe). A
 /// synchronous eager message is acknowledged now: it is matched.
-pub fn claim(
-    m: &Mtl,
-    sm: &SoftMatch,
-    comm: *mut sys::ompi_communicator_t,
-    bits: u64,
-    ignore: u64,
-) -> Option<Unexpected> {
+pub fn claim(m: &Mtl, sm: &SoftMatch, comm: Comm, bits: u64, ignore: u64) -> Option<Unexpected> {
     let u = {
         let mut lists = lock(&sm.lists);
         let i = lists
@@ -316,8 +325,8 @@ pub fn claim(
         lists.unexpected.remove(i)?
     };
     if u.hdr.kind == EAGER && m.layout.proto(u.hdr.bits) == Proto::Sync {
-        if let Ok(env) = datapath::envelope(m, comm, u.hdr.bits, u.hdr.data) {
-            if let Ok(p) = datapath::peer(comm, env.source) {
+        if let Ok(env) = peer::envelope(m, comm, u.hdr.bits, u.hdr.data) {
+            if let Ok(p) = peer::peer(comm, env.source) {
                 control(m, p.addr, p.fbox(), ACK, u.hdr.token);
             }
         }

@@ -9,7 +9,11 @@ use super::wire::{Hdr, ACK, EAGER, FIN, FRAG, HDR_LEN, RTS};
 use super::SoftMatch;
 use crate::common::fbox;
 use crate::fabric::MemoryRegion;
-use crate::mtl::datapath::{self, Kind, Mtl, Peer, Request};
+use crate::mtl::peer::Peer;
+use crate::mtl::progress;
+use crate::mtl::request::Kind;
+use crate::mtl::request::Request;
+use crate::mtl::state::Mtl;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -149,7 +153,7 @@ pub(super) unsafe fn send_copy(
     // SAFETY: c is a fresh block with room for a Request followed by total bytes;
     // both sources hold what is copied.
     let (buf, ctx) = unsafe {
-        c.write(Request::internal(Kind::Copied, ptr::null_mut()));
+        c.write(Request::internal(Kind::Copied, None));
         let buf = (c as *mut u8).add(std::mem::size_of::<Request>());
         ptr::copy_nonoverlapping(h as *const Hdr as *const u8, buf, HDR_LEN);
         if len > 0 {
@@ -230,7 +234,7 @@ pub unsafe fn send_injected(
         ..Default::default()
     };
     let ret = match peer.fbox() {
-        Some(tx) if len <= sm.eager_max() => datapath::retry(m, || {
+        Some(tx) if len <= sm.eager_max() => progress::retry(m, || {
             // SAFETY: forwarded; an eager message fits a record.
             unsafe { fbox_post(tx, &hdr, ptr_, len) }
         }),
@@ -238,7 +242,7 @@ pub unsafe fn send_injected(
         _ => unsafe { inject_whole(m, sm, &hdr, ptr_, len, peer.addr) }?,
     };
     Some(if ret < 0 {
-        datapath::fi_to_ompi(ret)
+        progress::fi_to_ompi(ret)
     } else {
         sys::OMPI_SUCCESS
     })
@@ -279,7 +283,7 @@ unsafe fn inject_whole(
             ptr::copy_nonoverlapping(ptr_, tmp.add(HDR_LEN), len);
         }
     }
-    Some(datapath::retry(m, || {
+    Some(progress::retry(m, || {
         sm.numbered(addr, |seq, src| {
             // SAFETY: the first `total` bytes of tmp are initialised (a header first);
             // inject copies them before returning.
@@ -299,7 +303,7 @@ fn sent_from_copies(sm: &SoftMatch, req: &Request, sync: bool, ret: isize) -> c_
         if sync {
             sm.forget(req as *const Request as u64);
         }
-        return datapath::fi_to_ompi(ret);
+        return progress::fi_to_ompi(ret);
     }
     if sync {
         return sys::OMPI_SUCCESS;
@@ -374,12 +378,12 @@ unsafe fn send_eager_fbox(
     }
     let h = req.sm_hdr;
     // SAFETY: ptr_ holds len bytes; an eager message fits a record.
-    let ret = datapath::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
+    let ret = progress::retry(m, || unsafe { fbox_post(tx, &h, ptr_, len) });
     if ret < 0 {
         if sync {
             sm.forget(r as u64);
         }
-        return datapath::fi_to_ompi(ret);
+        return progress::fi_to_ompi(ret);
     }
     if sync {
         sys::OMPI_SUCCESS
@@ -424,7 +428,7 @@ unsafe fn send_eager(
         // SAFETY: ptr_ holds len bytes.
         if let Some(ret) = unsafe { inject_whole(m, sm, &req.sm_hdr, ptr_, len, addr) } {
             if ret < 0 {
-                return datapath::fi_to_ompi(ret);
+                return progress::fi_to_ompi(ret);
             }
             req.pending.store(0, Ordering::Release);
             return SENT_INLINE;
@@ -478,7 +482,7 @@ unsafe fn send_eager_sendv(
     let ctx = req.ctx_ptr();
     let n = if len == 0 { 1 } else { 2 };
     let hdr = iov[0].iov_base as *mut u8;
-    let ret = datapath::retry(m, || {
+    let ret = progress::retry(m, || {
         sm.numbered(addr, |seq, src| {
             // SAFETY: the header lives in the request and the data in the caller's
             // buffer until the send completes.
@@ -492,7 +496,7 @@ unsafe fn send_eager_sendv(
         if sync {
             sm.forget(r as u64);
         }
-        datapath::fi_to_ompi(ret)
+        progress::fi_to_ompi(ret)
     } else {
         sys::OMPI_SUCCESS
     }
@@ -565,7 +569,7 @@ unsafe fn send_rendezvous(
         // SAFETY: a header, no payload.
         unsafe { send_copy(m, sm, &h, ptr::null(), 0, addr, &mut None) }
     } else {
-        datapath::retry(m, || {
+        progress::retry(m, || {
             if let Some(tx) = peer.fbox() {
                 // SAFETY: a header, no payload.
                 return unsafe { fbox_post(tx, &h, ptr::null(), 0) };
@@ -580,7 +584,7 @@ unsafe fn send_rendezvous(
     if ret < 0 {
         sm.forget(r as u64);
         drop_mr(req);
-        return datapath::fi_to_ompi(ret);
+        return progress::fi_to_ompi(ret);
     }
     sys::OMPI_SUCCESS
 }

@@ -1,0 +1,208 @@
+//! Convertors as the data paths see them: the packed size of a send or receive, where
+//! its data starts when it is one contiguous block, and packing and unpacking through
+//! a buffer of ours when it is not.
+//!
+//! What it owns: every call into `opal_convertor_*` of the MTL and the BTL. What it
+//! must not touch: the convertor's setup and lifetime, which are the PML's.
+
+use super::glue;
+use ompi_sys as sys;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+
+/// A convertor the PML prepared. Invariant: the pointer is a prepared convertor that
+/// stays valid while the operation it was passed for lives (the PML keeps it in its
+/// request until that request completes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Convertor(*mut sys::opal_convertor_t);
+
+/// What the data paths need to know about a convertor.
+pub struct Info {
+    /// Packed size in bytes.
+    pub size: usize,
+    /// Start of the data when it is one contiguous block (with the datatype's true
+    /// lower bound applied, so MPI_BOTTOM with absolute addresses works).
+    pub contig: Option<*mut u8>,
+}
+
+impl Convertor {
+    /// A handle to `conv`; `None` for a null pointer.
+    ///
+    /// # Safety
+    /// `conv` must be null or a prepared convertor valid for every use of the handle.
+    #[inline(always)]
+    pub unsafe fn from_raw(conv: *mut sys::opal_convertor_t) -> Option<Convertor> {
+        (!conv.is_null()).then_some(Convertor(conv))
+    }
+
+    #[inline]
+    pub fn info(self) -> Info {
+        let (mut size, mut contig, mut start, mut need) =
+            (0usize, 0 as c_int, ptr::null_mut(), 0 as c_int);
+        // SAFETY: a prepared convertor (the type's invariant); the outputs are valid.
+        unsafe {
+            glue::ompi_ofi_glue_convertor_info(
+                self.0,
+                &mut size,
+                &mut contig,
+                &mut start,
+                &mut need,
+            )
+        };
+        Info {
+            size,
+            contig: (contig != 0).then_some(start as *mut u8),
+        }
+    }
+
+    /// Pack the next `dst.len()` bytes of the data into `dst`; returns the length
+    /// packed, or `OPAL_ERROR`.
+    #[inline]
+    pub fn pack(self, dst: &mut [u8]) -> Result<usize, c_int> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let mut iov = libc::iovec {
+            iov_base: dst.as_mut_ptr() as *mut c_void,
+            iov_len: dst.len(),
+        };
+        let mut count: u32 = 1;
+        let mut max = dst.len();
+        // SAFETY: a prepared convertor; iov describes dst, which is writable.
+        let rc = unsafe {
+            sys::opal_convertor_pack(
+                self.0,
+                &mut iov as *mut _ as *mut sys::iovec,
+                &mut count,
+                &mut max,
+            )
+        };
+        if rc < 0 {
+            Err(sys::OPAL_ERROR)
+        } else {
+            Ok(max)
+        }
+    }
+
+    /// Unpack `src`, received bytes in our buffer, into the user's datatype (at most
+    /// the convertor's own packed size is written).
+    #[inline]
+    pub fn unpack(self, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        let mut iov = libc::iovec {
+            iov_base: src.as_ptr() as *mut c_void,
+            iov_len: src.len(),
+        };
+        let mut count: u32 = 1;
+        let mut max = src.len();
+        // SAFETY: a prepared convertor; the convertor only reads iov's bytes, and writes
+        // at most its packed size into the user's memory it describes.
+        unsafe {
+            sys::opal_convertor_unpack(
+                self.0,
+                &mut iov as *mut _ as *mut sys::iovec,
+                &mut count,
+                &mut max,
+            )
+        };
+    }
+}
+
+/// The bytes of a send: the user's memory when contiguous, else a buffer of ours that
+/// holds the packed data (freed on drop unless the caller takes it with
+/// [`SendData::into_owned`]).
+pub struct SendData {
+    pub ptr: *const u8,
+    pub len: usize,
+    pub owned: bool,
+}
+
+impl SendData {
+    /// The data of `conv`, packed only when it is not contiguous.
+    pub fn of(conv: Convertor) -> Result<SendData, c_int> {
+        let Info { size, contig } = conv.info();
+        if size == 0 {
+            return Ok(SendData {
+                ptr: ptr::null(),
+                len: 0,
+                owned: false,
+            });
+        }
+        if let Some(start) = contig {
+            return Ok(SendData {
+                ptr: start,
+                len: size,
+                owned: false,
+            });
+        }
+        // SAFETY: plain allocation; checked for null.
+        let buf = unsafe { libc::malloc(size) } as *mut u8;
+        if buf.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        let data = SendData {
+            ptr: buf,
+            len: size,
+            owned: true,
+        };
+        // SAFETY: buf holds size bytes, allocated above and not shared.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf, size) };
+        conv.pack(dst).map_err(|_| sys::OMPI_ERROR)?;
+        Ok(data)
+    }
+
+    /// Give up ownership of the pack buffer: whoever took `ptr` frees it with
+    /// `libc::free`.
+    pub fn into_owned(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for SendData {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: owned buffers come from libc::malloc in `of`.
+            unsafe { libc::free(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+/// Where a receive lands: the user's memory when contiguous, else a buffer of ours
+/// (`owned`) that is unpacked once the data arrived.
+pub struct RecvBuffer {
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub owned: bool,
+}
+
+impl RecvBuffer {
+    pub fn of(conv: Convertor) -> Result<RecvBuffer, c_int> {
+        let Info { size, contig } = conv.info();
+        if size == 0 {
+            return Ok(RecvBuffer {
+                ptr: ptr::null_mut(),
+                len: 0,
+                owned: false,
+            });
+        }
+        if let Some(start) = contig {
+            return Ok(RecvBuffer {
+                ptr: start,
+                len: size,
+                owned: false,
+            });
+        }
+        // SAFETY: plain allocation; checked for null.
+        let buf = unsafe { libc::malloc(size) } as *mut u8;
+        if buf.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        Ok(RecvBuffer {
+            ptr: buf,
+            len: size,
+            owned: true,
+        })
+    }
+}
