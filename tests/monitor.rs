@@ -32,10 +32,11 @@ use libfabric_sys as fi;
 use libfabric_sys::macros::fi_version;
 use ompi_ofi::common::monitor::{
     libfabric_initialised, libfabric_monitor_variable, probe_userfaultfd, Active, Monitor,
-    MonitorChoice, MonitorError, OpalHooks, OpalReleaseFn, OpenMpiHooks,
+    MonitorChoice, MonitorError, OpalHooks, OpalReleaseFn,
 };
 use ompi_ofi::common::patch_check::{self, Owner};
 use ompi_ofi::common::release;
+use ompi_ofi::ompi::memhooks::OpenMpiHooks;
 use ompi_sys as ompi;
 
 // ---------------------------------------------------------------------------------

@@ -466,7 +466,7 @@ pub fn forget_module(mp: *mut Module) {
 
 /// This process's name, which the target answers to.
 pub(super) fn my_name() -> (u32, u32) {
-    crate::common::local_name().unwrap_or((0, 0))
+    crate::ompi::proc::local_name().unwrap_or((0, 0))
 }
 
 /// Send `bytes` under `tag` to `ep`. The fragment is the BTL's; it is recycled at its

@@ -48,19 +48,6 @@ pub fn close_output() {
     }
 }
 
-/// This process's name (jobid, vpid), or `None` before Open MPI has set the local
-/// process up.
-pub fn local_name() -> Option<(u32, u32)> {
-    // SAFETY: returns the local proc or null.
-    let p = unsafe { sys::opal_proc_local_get() };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: p is the live local proc.
-    let n = unsafe { (*p).proc_name };
-    Some((n.jobid, n.vpid))
-}
-
 /// A random odd number: the start of this process's message ids for pieces (the MTL's
 /// software matching, the BTL), so that the ids of two senders never meet at one
 /// receiver in practice (process ids can repeat across containers sharing a node).
@@ -143,7 +130,7 @@ pub mod sync;
 
 pub use shared::{open_domain, Decline, DomainHandle, DomainRequest};
 
-static OPAL_HOOKS: monitor::OpenMpiHooks = monitor::OpenMpiHooks;
+static OPAL_HOOKS: crate::ompi::memhooks::OpenMpiHooks = crate::ompi::memhooks::OpenMpiHooks;
 
 /// Before the first `fi_getinfo` (whichever component comes first): choose and
 /// install the memory monitor, run the patch self-check, and publish both in the

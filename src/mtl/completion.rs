@@ -10,6 +10,7 @@ use super::progress::retry;
 use super::request::{Kind, Request};
 use super::state::{rx_leave, Mtl};
 use super::tag::{Envelope, Proto};
+use crate::ompi;
 use crate::ompi::comm::Comm;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -107,7 +108,7 @@ pub(super) unsafe fn finish_part(r: *mut Request) {
                 libc::free((*r).buffer as *mut c_void);
                 (*r).owns_buffer = false;
             }
-            if !(*r).sup.ompi_req.is_null() {
+            if ompi::request::has_pml(&(*r).sup) {
                 Request::complete_to_pml(r);
             }
         }

@@ -9,6 +9,7 @@ use super::tag::Envelope;
 use crate::common::fbox;
 use crate::fabric::FI_ADDR_UNSPEC;
 use crate::ompi::comm::Comm;
+use crate::ompi::proc::Slot;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::c_int;
@@ -66,21 +67,17 @@ pub(super) fn peer(comm: Comm, rank: c_int) -> Result<Peer, c_int> {
                 .map_or(ptr::null(), |t| t as *const fbox::Tx),
         }
     };
-    let proc_ = comm.peer_proc(rank);
-    if proc_.is_null() {
+    let Some(proc_) = comm.peer_proc(rank) else {
         return Err(sys::OMPI_ERR_BAD_PARAM);
-    }
-    // SAFETY: proc_ is a live ompi_proc_t.
-    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] }
-        as *mut PeerEndpoint;
+    };
+    let ep = proc_.endpoint(Slot::Mtl) as *mut PeerEndpoint;
     if !ep.is_null() {
         return Ok(of(ep));
     }
-    let mut procs = [proc_];
+    let mut procs = [proc_.as_ptr()];
     super::setup::add_procs_inner(&mut procs)?;
-    // SAFETY: as above, now filled in by add_procs.
-    let ep = unsafe { (*proc_).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] }
-        as *mut PeerEndpoint;
+    // Now filled in by add_procs.
+    let ep = proc_.endpoint(Slot::Mtl) as *mut PeerEndpoint;
     if ep.is_null() {
         Err(sys::OMPI_ERR_UNREACH)
     } else {

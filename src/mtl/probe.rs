@@ -11,9 +11,9 @@ use super::request::{Kind, Request};
 use super::state::{mtl, Mtl};
 use super::tag::Envelope;
 use crate::fabric::FI_ADDR_UNSPEC;
+use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer};
-use crate::ompi::{self, glue};
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -371,18 +371,12 @@ fn publish_message(
             return rc;
         }
     };
-    // SAFETY: glue allocation from Open MPI's free list.
-    let msg = unsafe { glue::ompi_ofi_glue_message_alloc() };
-    if msg.is_null() {
+    let ours = Box::into_raw(Box::new(claimed));
+    let Some(msg) = ompi::message::publish(comm, env.source, len, ours as *mut c_void) else {
+        // SAFETY: not published: the claim is still only ours.
+        drop(unsafe { Box::from_raw(ours) });
         return sys::OMPI_ERR_OUT_OF_RESOURCE;
-    }
-    // SAFETY: msg is a fresh message of Open MPI's, not yet shared.
-    unsafe {
-        (*msg).comm = comm.as_ptr();
-        (*msg).req_ptr = Box::into_raw(Box::new(claimed)) as *mut c_void;
-        (*msg).peer = env.source;
-        (*msg).count = len;
-    }
+    };
     *message = msg;
     *flag = 1;
     fill_status(status, &env, len);
@@ -400,21 +394,18 @@ pub(super) unsafe fn imrecv_impl(
     let Some(m) = mtl() else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
-    let msg = *message;
-    // SAFETY: req_ptr is the Claimed we leaked there.
-    let claimed = unsafe { Box::from_raw((*msg).req_ptr as *mut Claimed) };
+    // SAFETY: *message is a message improbe published, received now.
+    let (comm, ours) = unsafe { ompi::message::parts(*message) };
+    // SAFETY: what improbe published is the Claimed it leaked there.
+    let claimed = unsafe { Box::from_raw(ours as *mut Claimed) };
     let r = req as *mut Request;
-    // SAFETY: PML request memory; the message's communicator is the live one improbe
-    // stored there.
-    unsafe { Request::init(r, Kind::Recv, Some(Comm::from_raw((*msg).comm))) };
+    // SAFETY: PML request memory.
+    unsafe { Request::init(r, Kind::Recv, Some(comm)) };
     let c = match *claimed {
         Claimed::Fabric(c) => c,
         Claimed::Soft(u) => {
-            // SAFETY: the message handle is ours to return; then null it.
-            unsafe {
-                glue::ompi_ofi_glue_message_return(msg);
-                *message = ptr::addr_of_mut!(sys::ompi_message_null.message);
-            }
+            // SAFETY: the message is received: its handle goes back to Open MPI.
+            unsafe { ompi::message::give_back(message) };
             let RecvBuffer {
                 ptr: buf,
                 len,
@@ -463,10 +454,10 @@ pub(super) unsafe fn imrecv_impl(
         unsafe { libc::free(c.buffer as *mut c_void) };
     }
     drop(c);
-    // SAFETY: the message handle is ours to return (as ob1 does); then null it.
+    // SAFETY: the message is received: its handle goes back to Open MPI (as ob1
+    // does); r is the PML's live request.
     unsafe {
-        glue::ompi_ofi_glue_message_return(msg);
-        *message = ptr::addr_of_mut!(sys::ompi_message_null.message);
+        ompi::message::give_back(message);
         Request::complete_to_pml(r);
     }
     sys::OMPI_SUCCESS

@@ -11,6 +11,7 @@ use super::progress::{fi_to_ompi, progress_mtl};
 use super::request::{Kind, Request};
 use super::state::{mtl, rx_enter, rx_leave, Deferred, Mtl};
 use crate::fabric::FI_ADDR_UNSPEC;
+use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer};
 use libfabric_sys as fi;
@@ -267,11 +268,7 @@ pub(super) unsafe fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
     if kind != Kind::Recv {
         // A send cannot be taken back once handed to the fabric: report "not cancelled".
         // SAFETY: the PML's request is live.
-        unsafe {
-            if !(*r).sup.ompi_req.is_null() {
-                (*(*r).sup.ompi_req).req_status._cancelled = 0;
-            }
-        }
+        unsafe { ompi::request::mark_not_cancelled(ptr::addr_of_mut!((*r).sup)) };
         return sys::OMPI_SUCCESS;
     }
     // Drain completions first: the receive may already have matched.
@@ -318,11 +315,7 @@ pub(super) unsafe fn cancel_impl(req: *mut sys::mca_mtl_request_t) -> c_int {
     };
     if ret != 0 {
         // SAFETY: as above.
-        unsafe {
-            if !(*r).sup.ompi_req.is_null() {
-                (*(*r).sup.ompi_req).req_status._cancelled = 0;
-            }
-        }
+        unsafe { ompi::request::mark_not_cancelled(ptr::addr_of_mut!((*r).sup)) };
     }
     sys::OMPI_SUCCESS
 }

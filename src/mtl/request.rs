@@ -7,6 +7,7 @@
 //! (`completion`).
 
 use crate::fabric::FI_ADDR_UNSPEC;
+use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::Convertor;
 use libfabric_sys as fi;
@@ -80,14 +81,7 @@ pub struct Request {
     pub in_provider: bool,
 }
 
-#[derive(Clone, Copy, Default, Debug)]
-pub struct Status {
-    pub source: c_int,
-    pub tag: c_int,
-    pub error: c_int,
-    pub cancelled: bool,
-    pub count: usize,
-}
+pub use crate::ompi::request::Status;
 
 /// Bytes the PML must reserve after its request for us.
 pub const REQUEST_EXTRA: usize =
@@ -131,10 +125,7 @@ impl Request {
         // SAFETY: r has room for a Request; sup is set right after.
         unsafe {
             Request::init(r.as_mut_ptr(), kind, comm);
-            ptr::addr_of_mut!((*r.as_mut_ptr()).sup).write(sys::mca_mtl_request_t {
-                ompi_req: ptr::null_mut(),
-                completion_callback: None,
-            });
+            ptr::addr_of_mut!((*r.as_mut_ptr()).sup).write(ompi::request::NO_PML);
             r.assume_init()
         }
     }
@@ -168,21 +159,8 @@ impl Request {
     /// # Safety
     /// `r` must be a live PML request (sup.ompi_req set).
     pub(super) unsafe fn complete_to_pml(r: *mut Request) {
-        // SAFETY: forwarded; the PML's ompi_request_t outlives the MTL request.
-        unsafe {
-            let st = (*r).status;
-            let oreq = (*r).sup.ompi_req;
-            if !oreq.is_null() {
-                let s = &mut (*oreq).req_status;
-                s.MPI_SOURCE = st.source;
-                s.MPI_TAG = st.tag;
-                s.MPI_ERROR = st.error;
-                s._ucount = st.count;
-                s._cancelled = st.cancelled as c_int;
-            }
-            if let Some(cb) = (*r).sup.completion_callback {
-                cb(ptr::addr_of_mut!((*r).sup));
-            }
-        }
+        // SAFETY: forwarded; the PML's ompi_request_t outlives the MTL request, and
+        // nothing here uses r after the callback.
+        unsafe { ompi::request::complete(ptr::addr_of_mut!((*r).sup), (*r).status) }
     }
 }

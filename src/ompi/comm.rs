@@ -7,6 +7,7 @@
 //! PML passed for the duration of an operation, or from the communicator table).
 
 use super::glue;
+use super::proc::Proc;
 use ompi_sys as sys;
 use std::os::raw::c_int;
 
@@ -79,11 +80,12 @@ impl Comm {
         }
     }
 
-    /// The proc of `rank` in the remote group (null when out of range); the glue
+    /// The proc of `rank` in the remote group (`None` when out of range); the glue
     /// resolves the sentinel entries of Open MPI's sparse groups.
     #[inline]
-    pub fn peer_proc(self, rank: c_int) -> *mut sys::ompi_proc_t {
-        // SAFETY: a live communicator; the glue checks the rank.
-        unsafe { glue::ompi_ofi_glue_comm_peer(self.0, rank) }
+    pub fn peer_proc(self, rank: c_int) -> Option<Proc> {
+        // SAFETY: a live communicator; the glue checks the rank and returns a live
+        // proc of the group or null; procs outlive the communicators that name them.
+        unsafe { Proc::from_raw(glue::ompi_ofi_glue_comm_peer(self.0, rank)) }
     }
 }

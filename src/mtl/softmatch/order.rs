@@ -146,7 +146,7 @@ pub(super) unsafe fn stamp(h: *mut u8, seq: u32, src: u64) {
 /// This process's name as a number (job << 32 | vpid), or a random one before Open MPI
 /// has set the local process up.
 pub(super) fn process_id() -> u64 {
-    crate::common::local_name().map_or_else(crate::common::random_odd, |(job, vpid)| {
+    crate::ompi::proc::local_name().map_or_else(crate::common::random_odd, |(job, vpid)| {
         (u64::from(job) << 32) | u64::from(vpid)
     })
 }
