@@ -21,8 +21,7 @@
  * neighbour's thread t, with tag t and its length. "mpit" calls
  * MPI_T_init_thread(MPI_THREAD_SINGLE) after MPI_Init_thread.
  *
- * On this project's 2-core virtual machine (Debian 12, Open MPI 4.1.4, stock mpirun,
- * 6 December): "3000 b mpit" printed "BAD" in 1 run of 3 ("receive #1834 got message
+ * On this project's 2-core virtual machine (Debian 12, Open MPI 4.1.4, stock mpirun): "3000 b mpit" printed "BAD" in 1 run of 3 ("receive #1834 got message
  * #1833, count 0 (sent 18034), source -1 (expected 1), tag -1 (expected 3)"); without
  * "mpit", 6 of 6 and with "nb mpit" 3 of 3 printed "ok".
  */

@@ -15,7 +15,7 @@
  * ("SHORT", "OUTSIDE", "CORRUPT") or "STALL" when nothing arrives for 10 s, else "ok".
  * Exit status 1 on any of those.
  *
- * Seen with libfabric 1.17 (Debian 12), 4 December: tcp;ofi_rxm at 65544 bytes (above
+ * Seen with libfabric 1.17 (Debian 12): tcp;ofi_rxm at 65544 bytes (above
  * rxm's 16 KiB eager buffers) failed 4 runs of 4 ("SHORT: message 7 has 65544 bytes,
  * its header says 64", "CORRUPT: message #1 of sender 3 (at offset 131088 of its
  * buffer), byte 64": a small message written over a large one); at 8000 bytes it

@@ -12,11 +12,11 @@
  * with no buffer posted, then posts two multi-receive buffers of 262,176 bytes with
  * FI_OPT_MIN_MULTI_RECV at 65,544 (the BTL's layout) and reposts a buffer when its
  * completion carries FI_MULTI_RECV. With SINGLE=1 it posts 8 plain receive buffers
- * instead (what the components do on shm since 5 December). It checks that every
+ * instead (what the components do on shm). It checks that every
  * message arrives once, in order and intact, and prints "ok", the first wrong one, or
  * "STALL" when nothing arrives for 10 s. Exit status 1 on any of those.
  *
- * Seen with libfabric 1.17 (Debian 12), 5 December: with 2,000 or 10,000 messages and
+ * Seen with libfabric 1.17 (Debian 12): with 2,000 or 10,000 messages and
  * the 500 ms delay, posting the first multi-receive buffer fails with -FI_ENOMEM
  * ("r = -12 (Cannot allocate memory)") while the sender stalls at message 1024 (shm
  * holds 1,024 unexpected messages); 1,000 messages, or no delay, or SINGLE=1 with

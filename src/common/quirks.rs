@@ -23,16 +23,17 @@ pub struct Quirks {
     /// `wildcards`, `ssend`, `threads`, `truncation_large`).
     pub unexpected_stalls: bool,
     /// A message past the provider's inject size is slow: shm 1.17 moves it with
-    /// `process_vm_readv` (with CMA) or through its segment buffers, 2.4 to 2.8 us one
-    /// way at 4200 bytes on this project's virtual machine against 0.5 to 0.8 us for
-    /// 4096 injected (`fi_pingpong -p shm`). The MTL's software matching sends its
-    /// eager messages there (up to two injects; larger ones are read), and the BTL
-    /// its fragments up to 16 KiB, as trains of injects.
+    /// `process_vm_readv` (with CMA) or through its segment buffers, several times the
+    /// time of an injected one (`fi_pingpong -p shm` at 4096 and 4200 bytes). The MTL's
+    /// software matching sends its eager messages there (up to two injects; larger ones
+    /// are read), and the BTL its fragments up to 16 KiB, as trains of injects.
+    /// Evidence: [docs/providers/shm.md](../../docs/providers/shm.md#sends-past-the-inject-size-are-slow).
     pub send_past_inject_slow: bool,
     /// The provider's atomics crash it: osc rdma's atomics over udp;ofi_rxd 1.17
-    /// segfault inside rxd's progress (`onesided` every run, `atomics` one run in four),
-    /// while the same programs pass with the atomics done by active messages. The BTL's
+    /// segfault inside rxd's progress (mpi_tests `onesided` and `atomics`), while the
+    /// same programs pass with the atomics done by active messages. The BTL's
     /// `btl_ofi_atomics=auto` then emulates them.
+    /// Evidence: [docs/providers/udp_rxd.md](../../docs/providers/udp_rxd.md#atomics-crash-it).
     pub atomics_crash: bool,
     /// The provider buffers no message that arrives before its receive unless asked
     /// (sockets: `total_buffered_recv` is 0 in what `fi_getinfo` returns): such a
@@ -44,82 +45,70 @@ pub struct Quirks {
     /// pace (sockets). A receive posted after its message arrived meets the message
     /// only there: until then `FI_PEEK` reports the message as unexpected, and the
     /// MTL's stall breaker would receive it exactly while the older receive took it
-    /// (seen: "Stash failed: Truncation error" and hangs in mpi_tests `threads --many
-    /// 100` at 4 ranks, one run in six). Floods stall: 5,000 unexpected messages
-    /// (`many_posted`) failed and 5,000 live communicators (`comms`) timed out under
-    /// both components, and 1,000 communicator cycles took 50 s (0.3 s with manual
-    /// progress). Both components ask for manual progress there unless their progress
-    /// parameters say otherwise, so that their own completion-queue reads do the work.
+    /// ("Stash failed: Truncation error" and hangs in mpi_tests `threads --many 100` at
+    /// 4 ranks). Floods stall too (`many_posted`, `comms`). Both components ask for
+    /// manual progress there unless their progress parameters say otherwise, so that
+    /// their own completion-queue reads do the work.
+    /// Evidence: [docs/providers/sockets.md](../../docs/providers/sockets.md#its-progress-thread-lags).
     pub lags_in_auto_progress: bool,
     /// A peer's messages may arrive out of the order they were sent, though the
     /// provider promises `FI_ORDER_SAS` (ofi_rxd 1.17: an 8-byte message overtook the
-    /// 0-byte one sent before it on the same communicator and tag, one mpi_tests
-    /// `threads` run in four at 2 ranks; repro/rxd_msg_flood.c shows it without MPI).
-    /// The MTL's software matching then numbers each peer's messages and restores
-    /// their order; ob1 over the BTL has its own sequence numbers.
+    /// 0-byte one sent before it on the same communicator and tag in mpi_tests
+    /// `threads`; repro/rxd_msg_flood.c shows it without MPI). The MTL's software
+    /// matching then numbers each peer's messages and restores their order; ob1 over
+    /// the BTL has its own sequence numbers.
+    /// Evidence: [docs/providers/udp_rxd.md](../../docs/providers/udp_rxd.md#out-of-order-delivery).
     pub reorders_messages: bool,
-    /// Multi-receive buffers lose track of messages past the provider's eager size
-    /// (ofi_rxm 1.17, whose eager buffers hold 16 KiB unless `FI_OFI_RXM_BUFFER_SIZE`
-    /// says otherwise; larger messages go in segments or by rendezvous): a buffer is
-    /// advanced by less than such a message, the next message lands over its end, and
-    /// messages arrive cut ("the header says 65536 payload bytes, 24 arrived") or not at
-    /// all. ob1 over the BTL on tcp;ofi_rxm hung in mpi_tests `collectives` at 4 ranks
-    /// (Gather of 64 KiB fragments from three peers at once) in most runs, and
-    /// mpi_tests/repro/rxm_multi_recv.c shows it without MPI.
-    /// shm 1.17 refuses a multi-receive buffer with -FI_ENOMEM once it holds about
-    /// 1,024 unexpected messages (mpi_tests/repro/shm_multi_recv_unexp.c), and the
-    /// buffer is lost: mpi_tests `many_posted` with 10,000 small messages sent before
-    /// the receiver posts hung under both components (ob1 over vader passes; with one
-    /// receive buffer per message both pass at 40,000, at the same latency and
-    /// bandwidth). net 1.17 loses messages from its multi-receive buffers when several
-    /// peers flood one rank with fragments of up to 20 KB: ob1 over the BTL hung in
-    /// mpi_tests `fbox` at 4 ranks in 7 runs of 7 (a rank waits for messages whose sends
-    /// completed); with one buffer per message 7 of 7 passed. The components then post
-    /// one receive buffer per message.
+    /// Multi-receive buffers lose messages:
+    /// - ofi_rxm 1.17 advances a buffer by less than a message past its eager size
+    ///   (16 KiB unless `FI_OFI_RXM_BUFFER_SIZE` says otherwise), so the next message
+    ///   lands over its end and messages arrive cut or not at all (ob1 over the BTL in
+    ///   mpi_tests `collectives` at 4 ranks; mpi_tests/repro/rxm_multi_recv.c without
+    ///   MPI);
+    /// - shm 1.17 refuses a buffer with -FI_ENOMEM once it holds about 1,024 unexpected
+    ///   messages, and the buffer is lost (mpi_tests `many_posted` with 10,000 messages;
+    ///   mpi_tests/repro/shm_multi_recv_unexp.c);
+    /// - net 1.17 loses messages when several peers flood one rank with fragments of up
+    ///   to 20 KB (ob1 over the BTL in mpi_tests `fbox` at 4 ranks).
+    ///
+    /// The components then post one receive buffer per message, which passes the same
+    /// programs at the same latency and bandwidth. Evidence:
+    /// [tcp_rxm.md](../../docs/providers/tcp_rxm.md#multi-receive-buffers),
+    /// [shm.md](../../docs/providers/shm.md#multi-receive-buffers),
+    /// [net.md](../../docs/providers/net.md#multi-receive-buffers).
     pub multi_recv_unsafe: bool,
     /// Many small messages in flight at once break the provider: it delivers some out
     /// of order, cuts them to their first 16 bytes, or stalls (udp;ofi_rxd 1.17: our
-    /// MTL's `many_posted`, 5000 unexpected 8-byte messages from one peer, failed about
-    /// half the runs). `mpi_tests/repro/rxd_msg_flood.c` floods with injects and fails
-    /// 2 runs of 3; with at most 64 sends in flight, each with a completion, it passed
-    /// 12 of 12 (256: 5 of 6; 32 and 8 with 10000 messages: 10 of 10 each). The MTL's
-    /// software matching then sends small messages with a completion each and keeps at
-    /// most [`SEND_WINDOW`] in flight, and receives into one buffer per message: with
-    /// both, `many_posted` passed 48 runs of 48 at 2 and 4 ranks; with the window and
-    /// multi-receive buffers it hung in 3 of 46, with neither in 7 of 12. The BTL does
-    /// the same (and posts at least [`FLOOD_RECV_BUFFERS`]): ob1's `many_posted` passed
-    /// 12 runs of 12 at 2 and 4 ranks, 2 of 12 before.
+    /// MTL's `many_posted`, 5000 unexpected 8-byte messages from one peer;
+    /// `mpi_tests/repro/rxd_msg_flood.c` floods with injects without MPI, and passes
+    /// with a window of sends in flight, each with a completion). The MTL's software
+    /// matching then sends small messages with a completion each, keeps at most
+    /// [`SEND_WINDOW`] in flight, and receives into one buffer per message; the BTL
+    /// does the same (and posts at least [`FLOOD_RECV_BUFFERS`]).
+    /// Evidence: [docs/providers/udp_rxd.md](../../docs/providers/udp_rxd.md#floods-of-small-messages).
     pub flood_unsafe: bool,
     /// Messages longer than one of the provider's packets (its inject size) arrive cut
     /// or mixed with other messages when many are in flight: ofi_rxd 1.17 completed a
     /// receive of a 64 KiB fragment with `FI_ETRUNC` after counting every segment but
-    /// placing only 59784 of its bytes, or delivered "40 payload bytes" as 64. ob1 over
-    /// the BTL hung in mpi_tests `dt_displaced` (4 MiB of non-contiguous data in
-    /// 64 KiB fragments) in 6 runs of 10 at 2 ranks, and in `p2p` (Bsend of 4 MiB) at
-    /// 4 ranks; with fragments of one packet (`btl_ofi_max_send_size` 1200) 12 runs of
-    /// 12 passed in about the same time. The BTL then keeps its fragments within the
-    /// inject size unless `btl_ofi_max_send_size` is set.
+    /// placing only part of its bytes, or delivered "40 payload bytes" as 64 (ob1 over
+    /// the BTL in mpi_tests `dt_displaced` and `p2p`'s Bsend of 4 MiB, and the MTL's
+    /// `p2p` at 8 ranks, where a 4 MiB read completed with a byte never written).
     ///
     /// The cause (`mpi_tests/repro/rxd_unexp_replay.c`, without MPI): rxd finds the
     /// receive that a data packet of a long send belongs to through one field per peer,
     /// set by the send's first packet. Posting a receive that matches an unexpected
     /// message replays that message through the same code, which points the field at
     /// the replayed receive and does not set it back: the rest of a long send that the
-    /// same peer has in flight goes to that receive, completed and freed by then. The
-    /// reproducer's receiver hangs inside `fi_cq_read` in 3 runs of 5. Reads are not
-    /// hit (their data packets name the request they belong to): the same reproducer
-    /// with an `fi_read` as the long transfer passed 12 runs of 12. Writes are hit
-    /// (their data packets take a send's path): with an `fi_write` it hung in 3 runs
-    /// of 3. The BTL therefore does a put longer than a packet by the target's read
-    /// (`btl::amo::put_by_read`), or, without active messages, as writes of one packet.
+    /// same peer has in flight goes to that receive, completed and freed by then. Reads
+    /// are not hit (their data packets name the request they belong to); writes are
+    /// (their data packets take a send's path).
     ///
-    /// In CI at 8 ranks an `fi_read` of 4 MiB (the MTL's rendezvous) once completed
-    /// with a byte never written (mpi_tests `p2p`, Send_init of 4 MiB, byte 1522080
-    /// still the guard byte) while the MTL sent messages up to 64 KiB as one send each,
-    /// whose misdirected packets complete rxd's freed receives a second time. The MTL
-    /// now sends none longer than a packet: messages up to
+    /// So the BTL keeps its fragments within the inject size unless
+    /// `btl_ofi_max_send_size` is set, and does a put longer than a packet by the
+    /// target's read (`btl::put_by_read`), or, without active messages, as writes of one
+    /// packet; the MTL sends none longer than a packet: messages up to
     /// `mtl::softmatch::PIECES_EAGER_MAX` go in pieces of one packet, larger ones are
-    /// read.
+    /// read. Evidence: [docs/providers/udp_rxd.md](../../docs/providers/udp_rxd.md#long-sends-and-writes).
     pub segments_unsafe: bool,
 }
 
