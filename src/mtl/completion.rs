@@ -50,13 +50,8 @@ pub(super) unsafe fn on_completion(m: &Mtl, e: &fi::fi_cq_tagged_entry) {
             unsafe { finish_part(r) };
         }
         Kind::Ack => {
-            // SAFETY: an Ack request is a Box we leaked when posting; its parent is a
-            // live send request waiting for it.
-            unsafe {
-                let parent = (*r).parent;
-                drop(Box::from_raw(r));
-                finish_part(parent);
-            }
+            // SAFETY: Ack requests are the pool's, and this one's receive completed.
+            unsafe { super::ack::arrived(m, r, e.tag) };
         }
         Kind::Recv => {
             // SAFETY: r is a live receive.
@@ -287,6 +282,12 @@ pub(super) unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                 Request::complete_to_pml(r);
             }
         }
+        Kind::Ack => {
+            if code != fi::FI_ECANCELED {
+                m.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            super::ack::failed(m, r, code);
+        }
         _ => {
             m.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
             log::error!(
@@ -304,12 +305,8 @@ pub(super) unsafe fn on_error(m: &Mtl, e: &fi::fi_cq_err_entry) {
                         (*r).pending.store(1, Ordering::Release);
                         finish_part(r);
                     }
-                    Kind::Ack => {
-                        let parent = (*r).parent;
-                        drop(Box::from_raw(r));
-                        (*parent).status.error = sys::MPI_ERR_INTERN as c_int;
-                        finish_part(parent);
-                    }
+                    // The pool's receives have their own arm above.
+                    Kind::Ack => {}
                     Kind::Recv => {
                         if (*r).owns_buffer {
                             libc::free((*r).buffer as *mut c_void);

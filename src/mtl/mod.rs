@@ -2,9 +2,10 @@
 //!
 //! `component` is the exported component, `setup` builds and tears down the module,
 //! `ffi` holds the module's entry points. The tagged data path is `state` (what it
-//! reads), `request`, `peer`, `send`, `recv`, `probe`, `progress` and `completion`;
+//! reads), `request`, `peer`, `send`, `recv`, `probe`, `progress`, `completion` and `ack` (synchronous sends' acknowledgements);
 //! `tag` holds the 64-bit tag layouts, `softmatch` the MTL's own matching where the
 //! provider's cannot be trusted, `stall` the stall breaker, `stats` the MPI_T counters.
+pub mod ack;
 pub mod completion;
 pub mod component;
 pub mod ffi;

@@ -61,8 +61,6 @@ pub struct Request {
     pub buffer: *mut u8,
     pub length: usize,
     pub owns_buffer: bool,
-    /// The parent of an acknowledgement receive.
-    pub parent: *mut Request,
     /// Probe result: found, and the matched tag/data/length.
     pub probe_found: bool,
     pub matched_tag: u64,
@@ -105,7 +103,6 @@ impl Request {
             ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
             ptr::addr_of_mut!((*r).length).write(0);
             ptr::addr_of_mut!((*r).owns_buffer).write(false);
-            ptr::addr_of_mut!((*r).parent).write(ptr::null_mut());
             ptr::addr_of_mut!((*r).probe_found).write(false);
             ptr::addr_of_mut!((*r).matched_tag).write(0);
             ptr::addr_of_mut!((*r).matched_data).write(0);

@@ -11,7 +11,6 @@ use super::progress::{fi_to_ompi, retry, wait_until};
 use super::request::{Kind, Request};
 use super::state::{mtl, Mtl};
 use super::tag::Proto;
-use crate::fabric::FI_ADDR_UNSPEC;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, SendData};
 use libfabric_sys as fi;
@@ -161,8 +160,8 @@ pub(super) fn post_deferred_sends(m: &Mtl) {
     m.has_deferred_sends.store(false, Ordering::Release);
 }
 
-/// Post the send of `data` to `addr` for request `r`. For a synchronous send, first
-/// post the receive of its acknowledgement (so `r.pending` counts two completions).
+/// Post the send of `data` to `addr` for request `r`. A synchronous send first waits
+/// for its acknowledgement in `ack` (so `r.pending` counts two completions).
 #[allow(clippy::too_many_arguments)]
 fn post_send(
     m: &Mtl,
@@ -189,33 +188,10 @@ fn post_send(
     };
     if sync {
         let id = m.sync_ids.fetch_add(1, Ordering::Relaxed) & (l.sync_id_space() - 1) as u32;
-        let mut ack = Box::new(Request::internal(Kind::Ack, Some(comm)));
-        ack.parent = r;
-        let ctx = ack.ctx_ptr();
-        let ack_ptr = Box::into_raw(ack);
-        let ack_tag = l.ack_tag(id);
         // SAFETY: r is live; two completions are expected from here on.
         unsafe { (*r).pending.store(2, Ordering::Release) };
-        let rx = m.ctx(cid).rx;
-        let ret = retry(m, || {
-            // SAFETY: zero-byte receive; ctx lives in a leaked Box until completion.
-            unsafe {
-                fi::fi_trecv(
-                    rx,
-                    ptr::null_mut(),
-                    0,
-                    ptr::null_mut(),
-                    FI_ADDR_UNSPEC,
-                    ack_tag,
-                    0,
-                    ctx,
-                )
-            }
-        });
-        if ret < 0 {
-            // SAFETY: the receive was not posted, so we still own the Box.
-            unsafe { drop(Box::from_raw(ack_ptr)) };
-            return fi_to_ompi(ret);
+        if let Err(rc) = super::ack::expect(m, r, id) {
+            return rc;
         }
         p.bits = l.send_tag(cid, me, tag, Proto::Sync);
         p.cqd = Some(l.cq_data(me, id));
@@ -223,9 +199,13 @@ fn post_send(
         // SAFETY: r is live.
         unsafe { (*r).pending.store(1, Ordering::Release) };
     }
-    // If a synchronous send fails after its acknowledgement receive was posted, that
-    // receive never matches (no message went out); the endpoint reclaims it at close.
-    send_or_defer(m, p, may_defer)
+    let sync_id = sync.then(|| l.sync_id(p.cqd.unwrap_or(0)));
+    let rc = send_or_defer(m, p, may_defer);
+    if let (Some(id), true) = (sync_id, rc != sys::OMPI_SUCCESS) {
+        // Not sent: no acknowledgement comes.
+        super::ack::forget(m, id);
+    }
+    rc
 }
 
 /// Send a small message with inject: no completion, the buffer is free on return.

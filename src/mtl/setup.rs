@@ -467,6 +467,7 @@ pub fn init_module(
         fast_posts: Default::default(),
         posted_gen: Default::default(),
         claim_busy: Default::default(),
+        acks: Default::default(),
     });
     let mut state = state;
     if soft {

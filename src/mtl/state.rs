@@ -77,6 +77,9 @@ pub struct Mtl {
     /// receives take the slow path, behind the `deferred` lock it holds, so that none
     /// is posted to the provider in between.
     pub claim_busy: std::sync::atomic::AtomicBool,
+    /// Synchronous sends waiting for their acknowledgement, and the pool of receives
+    /// that takes them (provider matching).
+    pub acks: super::ack::Acks,
 }
 
 /// One transmit/receive context pair and the CQ both report to.

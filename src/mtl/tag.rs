@@ -211,6 +211,19 @@ impl TagLayout {
         self.ack | ((id as u64) & self.tag_mask)
     }
 
+    /// The receive for every acknowledgement, whatever its id: tag bits and ignore
+    /// bits (acknowledgements carry no communicator or source, only the sender's id).
+    #[inline]
+    pub fn ack_any(&self) -> (u64, u64) {
+        (self.ack, self.tag_mask)
+    }
+
+    /// The synchronous-send id an acknowledgement's tag carries.
+    #[inline]
+    pub fn ack_id(&self, bits: u64) -> u32 {
+        (bits & self.tag_mask) as u32
+    }
+
     /// Ids of synchronous sends wrap at this many.
     pub fn sync_id_space(&self) -> u64 {
         self.tag_mask + 1
@@ -367,6 +380,17 @@ mod tests {
                     }
                     let ack = l.ack_tag(id);
                     assert_eq!(l.proto(ack), Proto::Ack);
+                    let (any, ignore) = l.ack_any();
+                    assert_eq!(
+                        (ack ^ any) & !ignore,
+                        0,
+                        "the ack pool's receive matches it"
+                    );
+                    assert_eq!(l.ack_id(ack) as u64, id as u64 & (l.sync_id_space() - 1));
+                    assert!(
+                        !matches(l.ack_any(), s) && !matches(l.ack_any(), sync),
+                        "the ack pool's receive never takes an MPI message"
+                    );
                     assert!(
                         !matches(l.recv_bits(cid, src, tag), ack),
                         "an ack is never an MPI message"

@@ -1,0 +1,174 @@
+//! Acknowledgements of synchronous sends under provider matching.
+//!
+//! The receiver of a synchronous send injects a zero-byte acknowledgement tagged with
+//! the sender's id of that send ([`TagLayout::ack_tag`]). The sender takes every
+//! acknowledgement with a small pool of receives per receive context that match any
+//! id ([`TagLayout::ack_any`]), and finds the send by its id here. One receive posted
+//! per synchronous send instead would fill the provider's receive queue once more
+//! synchronous sends are in flight than it holds (tcp;ofi_rxm 1.17 holds 2,048):
+//! the receiver's own receives then wait for room that only the acknowledgements they
+//! would send free, and both ranks hang (`mpi_tests/ssend.c`'s flood of 4,096
+//! `MPI_Issend` before the receiver posts).
+//!
+//! What it owns: the pool's receives and the table of sends waiting for their
+//! acknowledgement. What it must not touch: software matching's own acknowledgements
+//! (`softmatch::control`), which carry no provider tag.
+//!
+//! [`TagLayout::ack_tag`]: super::tag::TagLayout::ack_tag
+//! [`TagLayout::ack_any`]: super::tag::TagLayout::ack_any
+
+use super::completion::finish_part;
+use super::progress::{fi_to_ompi, retry};
+use super::request::{Kind, Request};
+use super::state::Mtl;
+use crate::common::IdMap;
+use crate::fabric::FI_ADDR_UNSPEC;
+use libfabric_sys as fi;
+use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Receives of the pool per receive context: acknowledgements that arrive while all
+/// of them are being reposted wait in the provider as unexpected messages.
+pub const POOL: usize = 16;
+
+/// The pool and the sends waiting for their acknowledgement.
+#[derive(Default)]
+pub struct Acks {
+    /// The pool's requests with the index of the context each is posted on. They
+    /// live as long as the MTL state, which is dropped after the endpoint closed.
+    pool: Mutex<Vec<(usize, Box<Request>)>>,
+    /// The pool is posted (on the first synchronous send).
+    ready: AtomicBool,
+    /// Synchronous sends by id: the request's address.
+    waiting: Mutex<IdMap<u32, usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Post pool receive `r` on context `index`.
+fn post(m: &Mtl, index: usize, r: &mut Request) -> isize {
+    let (bits, ignore) = m.layout.ack_any();
+    let rx = m.ctxs[index].rx;
+    let ctx = r.ctx_ptr();
+    retry(m, || {
+        // SAFETY: a zero-byte receive; its context is a pool request, which lives until
+        // the MTL state is dropped after the endpoint closed.
+        unsafe {
+            fi::fi_trecv(
+                rx,
+                ptr::null_mut(),
+                0,
+                ptr::null_mut(),
+                FI_ADDR_UNSPEC,
+                bits,
+                ignore,
+                ctx,
+            )
+        }
+    })
+}
+
+/// Post the pool on every context, once.
+fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
+    if m.acks.ready.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let mut pool = lock(&m.acks.pool);
+    if m.acks.ready.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    for index in 0..m.ctxs.len() {
+        for _ in 0..POOL {
+            let mut r = Box::new(Request::internal(Kind::Ack, None));
+            let ret = post(m, index, &mut r);
+            if ret < 0 {
+                log::error!(
+                    "posting the receives of synchronous sends' acknowledgements failed: {}",
+                    crate::fabric::Error::from_ret(ret)
+                );
+                // The ones posted stay in `pool` and are posted on the next try.
+                return Err(fi_to_ompi(ret));
+            }
+            pool.push((index, r));
+        }
+    }
+    m.acks.ready.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Synchronous send `r` with id `id` waits for its acknowledgement from now on.
+pub(super) fn expect(m: &Mtl, r: *mut Request, id: u32) -> Result<(), c_int> {
+    ensure_pool(m)?;
+    if lock(&m.acks.waiting).insert(id, r as usize).is_some() {
+        log::warn!(
+            "synchronous send id {id} is still in flight from an earlier send: more \
+             synchronous sends in flight than the tag layout has ids"
+        );
+    }
+    Ok(())
+}
+
+/// Synchronous send `id` failed before it went out: no acknowledgement comes.
+pub(super) fn forget(m: &Mtl, id: u32) {
+    lock(&m.acks.waiting).remove(&id);
+}
+
+/// The context index pool request `r` is posted on.
+fn index_of(m: &Mtl, r: *mut Request) -> Option<usize> {
+    if m.ctxs.len() == 1 {
+        return Some(0);
+    }
+    lock(&m.acks.pool)
+        .iter()
+        .find(|(_, b)| ptr::eq(&**b, r))
+        .map(|(i, _)| *i)
+}
+
+/// Post pool request `r` again after its completion.
+fn repost(m: &Mtl, r: *mut Request) {
+    let Some(index) = index_of(m, r) else {
+        log::error!("an acknowledgement completed on a receive that is not the pool's");
+        return;
+    };
+    // SAFETY: r is a pool request (a Box in `pool`, alive while the MTL is); its
+    // receive just completed, so nothing else uses it.
+    let ret = post(m, index, unsafe { &mut *r });
+    if ret < 0 {
+        log::error!(
+            "reposting an acknowledgement receive failed: {}",
+            crate::fabric::Error::from_ret(ret)
+        );
+    }
+}
+
+/// An acknowledgement with tag `bits` arrived in pool request `r`.
+///
+/// # Safety
+/// `r` is a pool request whose receive completed.
+pub(super) unsafe fn arrived(m: &Mtl, r: *mut Request, bits: u64) {
+    let id = m.layout.ack_id(bits);
+    let send = lock(&m.acks.waiting).remove(&id);
+    repost(m, r);
+    match send {
+        // SAFETY: a waiting synchronous send is live until both its completions came.
+        Some(send) => unsafe { finish_part(send as *mut Request) },
+        None => log::error!("an acknowledgement for no synchronous send in flight (id {id})"),
+    }
+}
+
+/// Pool request `r` completed with error `code`: cancelled when the endpoint closes,
+/// else logged and posted again.
+pub(super) fn failed(m: &Mtl, r: *mut Request, code: u32) {
+    if code == fi::FI_ECANCELED {
+        return;
+    }
+    log::error!(
+        "an acknowledgement receive failed: {}",
+        crate::fabric::Error(code as i32)
+    );
+    repost(m, r);
+}
