@@ -11,10 +11,15 @@ pub mod am;
 pub mod amo;
 pub mod component;
 pub mod module;
+mod open;
+mod procs;
+mod progress;
 pub mod rcache;
 pub mod rdma;
 pub mod resolve;
 pub mod stats;
+mod teardown;
+mod template;
 
 use ompi_sys as sys;
 
@@ -23,20 +28,20 @@ pub fn init_modules(
     progress_threads: bool,
     mpi_threads: bool,
 ) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
-    module::init(progress_threads, mpi_threads)
+    open::init(progress_threads, mpi_threads)
 }
 
 /// Register the generic BTL parameters (exclusivity, eager limits) for our module template.
 pub fn register_base_params() {
-    module::register_base_params();
+    template::register_base_params();
 }
 
 /// Component progress.
 pub fn progress() -> i32 {
-    module::progress()
+    progress::progress()
 }
 
 /// Release everything at component close.
 pub fn finalize_component() {
-    module::finalize();
+    teardown::finalize();
 }

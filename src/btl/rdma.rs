@@ -16,7 +16,8 @@
 //! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
 
 use super::am::{Ctx, Kind};
-use super::module::{lock, progress_module, Module, PeerEp, State};
+use super::module::{lock, Module, PeerEp, State};
+use super::progress::progress_module;
 use super::rcache::{Acquired, Ticket};
 use super::resolve::Again;
 use crate::fabric::{Error, MemoryRegion};

@@ -1,0 +1,211 @@
+//! Progress: reading each module's completion queues and fast boxes, posting what
+//! waits (queued sends, deferred RDMA, refused receive buffers, held operations),
+//! routing each completion to its path by the kind its context names, and `flush`.
+//!
+//! What it owns: nothing; it only drives the queues the paths own. What it must not
+//! touch: a module's setup or teardown.
+
+use super::am;
+use super::module::{Module, State, MODULES};
+use super::rdma;
+use super::{amo, resolve};
+use crate::fabric::CompletionQueue;
+use crate::ompi::component::ffi_guard;
+use libfabric_sys as fi;
+use ompi_sys as sys;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::Ordering;
+
+/// Completion errors logged as warnings per module; later ones are counted (and
+/// logged at debug level).
+const CQ_ERRORS_LOGGED: u64 = 8;
+
+/// Read and dispatch completions of the module. Returns how many were handled.
+pub(crate) fn progress_module(mp: *mut Module) -> usize {
+    // SAFETY: mp is a live module (in MODULES or the argument of a module entry).
+    let st = unsafe { &(*mp).st };
+    // Re-entered from a callback (or running on another thread): the outer call keeps
+    // draining, in order.
+    let Some(_serial) = st.in_progress.try_enter() else {
+        return 0;
+    };
+    let mut total = 0usize;
+    if let Some(rx) = &st.fbox {
+        // SAFETY: one poller: we hold the serial section.
+        let n = unsafe { rx.poll(st.num_cq_read, |tag, p, len| am::dispatch(mp, tag, p, len)) };
+        if n > 0 {
+            st.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
+            total += n;
+        }
+        if st.fbox_queued.load(Ordering::Relaxed) {
+            am::drain_fbox(mp);
+        }
+    }
+    if st.has_pending.load(Ordering::Relaxed) {
+        am::drain_pending(mp);
+    }
+    if st.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(mp);
+    }
+    amo::retry_reads(mp);
+    resolve::reissue(mp);
+    if st.unposted.any() {
+        am::post_unposted(st);
+    }
+    if st.ctxs.len() == 1 {
+        total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
+    } else {
+        for (c, count) in st.ctxs.iter().zip(st.per_ctx.iter()) {
+            let n = progress_cq(mp, st, &c.cq, st.num_cq_read.saturating_sub(total).max(1));
+            if n > 0 {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            total += n;
+        }
+    }
+    if total > 0 && st.has_pending.load(Ordering::Relaxed) {
+        am::drain_pending(mp);
+    }
+    if total > 0 && st.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(mp);
+    }
+    total
+}
+
+/// Read and dispatch up to `budget` completions of `cq`, one of the module's.
+fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize) -> usize {
+    let mut total = 0usize;
+    const CHUNK: usize = 64;
+    // Not cleared: the provider writes the entries it returns (a cleared array cost a
+    // 2.5 KiB memset on every poll).
+    let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
+    loop {
+        let want = CHUNK.min(budget - total.min(budget)).max(1);
+        let r = st.fi(|| cq.read_uninit(&mut entries[..want]));
+        match r {
+            Ok(done) => {
+                let n = done.len();
+                for e in done {
+                    // SAFETY: every operation we post carries the Ctx of a live op.
+                    unsafe { dispatch(mp, e.op_context, e.len, 0, e.buf, e.flags) };
+                }
+                total += n;
+                if n < want || total >= budget {
+                    break;
+                }
+            }
+            Err(err) if err == crate::fabric::Error::AVAIL => {
+                let entry = st.fi(|| cq.readerr());
+                match entry {
+                    Ok(Some(ce)) => {
+                        let seen = st.cq_errors.fetch_add(1, Ordering::Relaxed);
+                        if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32
+                        {
+                            // The operation's own callback carries the error to ob1 or
+                            // osc; this says what it was. A failing peer can produce
+                            // thousands: the first few are enough.
+                            let level = if seen < CQ_ERRORS_LOGGED {
+                                log::Level::Warn
+                            } else {
+                                log::Level::Debug
+                            };
+                            // SAFETY: the entry's context is null or one we posted.
+                            let what = unsafe { am::Kind::of(ce.op_context) }
+                                .map_or("an operation without a context", am::Kind::what);
+                            log::log!(
+                                level,
+                                "completion error on {} ({what}): {}{}",
+                                st.provider,
+                                cq.strerror(&ce),
+                                if seen + 1 == CQ_ERRORS_LOGGED {
+                                    " (further ones are only counted)"
+                                } else {
+                                    ""
+                                }
+                            );
+                        }
+                        // SAFETY: as above.
+                        unsafe { dispatch(mp, ce.op_context, ce.len, ce.err, ce.buf, ce.flags) };
+                        total += 1;
+                    }
+                    _ => break,
+                }
+            }
+            Err(err) => {
+                if err != crate::fabric::Error::AGAIN {
+                    log::debug!("fi_cq_read on {}: {err}", st.provider);
+                }
+                break;
+            }
+        }
+    }
+    total
+}
+
+/// Route one completion (`err` 0 on success, else the positive FI_E* code; `buf` and
+/// `flags` as the completion gives them).
+///
+/// # Safety
+/// `ctx` is the context of an operation posted by this module.
+unsafe fn dispatch(
+    mp: *mut Module,
+    ctx: *mut c_void,
+    len: usize,
+    err: i32,
+    buf: *mut c_void,
+    flags: u64,
+) {
+    // SAFETY: caller's contract: ctx is null or one we posted.
+    let Some(kind) = (unsafe { am::Kind::of(ctx) }) else {
+        return;
+    };
+    // SAFETY: forwarded: the kind names the containing operation.
+    unsafe {
+        match kind {
+            am::Kind::Send => am::send_complete(mp, ctx, err),
+            am::Kind::Recv => am::recv_complete(mp, ctx, len, err, buf, flags),
+            am::Kind::Rdma => rdma::rdma_complete(mp, ctx, err),
+        }
+    }
+}
+
+/// Component progress: every module.
+pub fn progress() -> i32 {
+    let mut n = 0;
+    for slot in &MODULES {
+        let mp = slot.load(Ordering::Acquire);
+        if mp.is_null() {
+            continue;
+        }
+        n += progress_module(mp);
+        // SAFETY: mp is live; sweep closes invalidated registrations from a normal
+        // context.
+        let st = unsafe { &(*mp).st };
+        if st.rcache_slots.is_dirty() {
+            if let Ok(mut c) = st.rcache.try_lock() {
+                c.sweep();
+            }
+        }
+    }
+    n as i32
+}
+
+/// Wait until every RDMA and atomic operation posted so far has completed.
+pub(super) extern "C" fn flush(
+    btl: *mut sys::mca_btl_base_module_t,
+    _ep: *mut sys::mca_btl_base_endpoint_t,
+) -> c_int {
+    ffi_guard("btl flush", sys::OPAL_ERROR, || {
+        let mp = btl as *mut Module;
+        // SAFETY: btl is our module.
+        let st = unsafe { &(*mp).st };
+        while st.rdma_outstanding.load(Ordering::Acquire) > 0 {
+            if progress_module(mp) == 0 {
+                // Another thread (or an outer frame) may be progressing: let Open MPI run.
+                // SAFETY: plain call.
+                unsafe { sys::opal_progress() };
+            }
+        }
+        sys::OPAL_SUCCESS
+    })
+}
