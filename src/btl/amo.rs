@@ -479,21 +479,21 @@ pub(super) fn send(
 ) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
-    let Some(f) = am::get_frag(st) else {
+    let Some(f) = am::frag::get_frag(st) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
     // SAFETY: f is a free fragment with room for frag_payload >= REQ_LEN bytes.
     unsafe {
-        am::prime(
+        am::frag::prime(
             f,
             ep,
             sys::MCA_BTL_NO_ORDER as u8,
             sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
             bytes.len(),
         );
-        ptr::copy_nonoverlapping(bytes.as_ptr(), (*f).buf.add(am::HDR), bytes.len());
-        am::write_header(f, tag);
-        am::send_frag(mp, f).min(sys::OPAL_SUCCESS)
+        ptr::copy_nonoverlapping(bytes.as_ptr(), (*f).buf.add(am::wire::HDR), bytes.len());
+        am::frag::write_header(f, tag);
+        am::send::send_frag(mp, f).min(sys::OPAL_SUCCESS)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod am;
 pub mod amo;
 pub mod component;
 pub mod module;
+mod op_context;
 mod open;
 mod procs;
 mod progress;

@@ -17,7 +17,7 @@
 //! `FI_THREAD_SAFE`. No lock is held while an Open MPI callback runs, because callbacks
 //! call back into the BTL.
 
-use super::am::{self, Frag, RecvBuf};
+use super::am::{self, frag::Frag, frag::RecvBuf};
 use super::progress::progress_module;
 use super::rcache::{self, Cache};
 use super::rdma::{self, Registration};
@@ -92,18 +92,18 @@ pub struct State {
     /// Puts longer than `write_max` are done by the target's read (`amo::put_by_read`;
     /// needs active messages, `btl_ofi_mode` 2).
     pub put_by_read: bool,
-    /// Fragments past the inject size up to [`am::PIECE_LIMIT`] go as trains of
-    /// injects of at most this many bytes, 0 for never (see `am::send_pieces`).
+    /// Fragments past the inject size up to [`am::wire::PIECE_LIMIT`] go as trains of
+    /// injects of at most this many bytes, 0 for never (see `am::send::send_pieces`).
     pub piece_max: usize,
     /// Message ids of pieces: a random per-process base, stepped by 2.
     pub next_piece_id: AtomicU64,
     /// Fragments arriving in pieces, by message id.
-    pub assembly: crate::common::sync::MaybeMutex<crate::common::IdMap<u64, am::Assembly>>,
+    pub assembly: crate::common::sync::MaybeMutex<crate::common::IdMap<u64, am::recv::Assembly>>,
     /// Fragments assembled from pieces.
     pub assembled: AtomicU64,
     /// Payload bytes of a fragment (the module's max_send_size).
     pub frag_payload: usize,
-    /// The receive buffers are multi-receive buffers (`am::post_receives`).
+    /// The receive buffers are multi-receive buffers (`am::recv::post_receives`).
     pub multi_recv: bool,
     pub num_cq_read: usize,
     pub progress_threshold: usize,
@@ -115,11 +115,11 @@ pub struct State {
     /// Sends with a completion in flight at most (0: no limit); where set, nothing is
     /// injected (common::quirks::Quirks::flood_unsafe).
     pub send_window: usize,
-    /// Held by the one thread that posts queued sends (see `am::drain_pending`).
+    /// Held by the one thread that posts queued sends (see `am::send::drain_pending`).
     pub draining: Mutex<()>,
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
     /// Receive buffers the provider refused to take back, posted again by progress
-    /// (`am::post_unposted`).
+    /// (`am::recv::post_unposted`).
     pub unposted: crate::common::sync::Unposted<*mut RecvBuf>,
     pub peers: Mutex<Vec<*mut PeerEp>>,
     /// RDMA and atomic operations posted and not completed (flush waits for 0),
@@ -135,7 +135,7 @@ pub struct State {
     /// This process's fast-box segment (`common::fbox`), polled by progress.
     pub fbox: Option<fbox::Rx>,
     /// Fragments for fast boxes that were full (or had fragments waiting before them),
-    /// in order, sent by progress (`am::drain_fbox`).
+    /// in order, sent by progress (`am::send::drain_fbox`).
     pub fbox_queue: Mutex<VecDeque<*mut Frag>>,
     /// Mirrors `!fbox_queue.is_empty()`; only written with it locked.
     pub fbox_queued: AtomicBool,
@@ -155,7 +155,7 @@ pub struct State {
     pub in_progress: Serial,
     pub closing: AtomicBool,
     pub cq_errors: AtomicU64,
-    /// Received fragments dropped: a header that fails `am::AmHeader::decode`, or a
+    /// Received fragments dropped: a header that fails `am::wire::AmHeader::decode`, or a
     /// tag nobody registered.
     pub bad_fragments: AtomicU64,
     /// Operations posted: put, get, atomic_op, atomic_fop, atomic_cswap.

@@ -264,7 +264,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     );
     if cfg.two_sided {
         // SAFETY: module is our fresh module.
-        if let Err(err) = unsafe { am::post_receives(module, rd_num as usize) } {
+        if let Err(err) = unsafe { am::recv::post_receives(module, rd_num as usize) } {
             // SAFETY: nothing else knows module yet.
             unsafe { destroy(module) };
             return Err(format!("posting receive buffers on {provider}: {err}"));
@@ -343,7 +343,7 @@ fn assemble_module(
             write_max,
             put_by_read,
             piece_max: if quirks.send_past_inject_slow {
-                inject_size.min(am::INLINE_MAX)
+                inject_size.min(am::wire::INLINE_MAX)
             } else {
                 0
             },
@@ -432,7 +432,7 @@ fn log_opened(
             _ => "RDMA only",
         },
         if two_sided {
-            let (n, bytes) = am::receive_layout(rd_num as usize, am::HDR + m.btl_max_send_size, multi_recv);
+            let (n, bytes) = am::recv::receive_layout(rd_num as usize, am::wire::HDR + m.btl_max_send_size, multi_recv);
             format!(
                 " ({n} {}receive buffers of {bytes} B)",
                 if multi_recv { "multi-" } else { "" }

@@ -130,7 +130,7 @@ pub(super) extern "C" fn del_procs(
             {
                 let p = peers.swap_remove(pos);
                 // SAFETY: btl is our module; p is live until dropped below.
-                unsafe { am::forget_fbox_peer(btl as *mut Module, p) };
+                unsafe { am::send::forget_fbox_peer(btl as *mut Module, p) };
                 // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
                 drop(unsafe { Box::from_raw(p) });
             }

@@ -7,6 +7,7 @@
 
 use super::am;
 use super::module::{Module, State, MODULES};
+use super::op_context::OpKind;
 use super::rdma;
 use super::{amo, resolve};
 use crate::fabric::CompletionQueue;
@@ -32,17 +33,21 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     let mut total = 0usize;
     if let Some(rx) = &st.fbox {
         // SAFETY: one poller: we hold the serial section.
-        let n = unsafe { rx.poll(st.num_cq_read, |tag, p, len| am::dispatch(mp, tag, p, len)) };
+        let n = unsafe {
+            rx.poll(st.num_cq_read, |tag, p, len| {
+                am::recv::dispatch(mp, tag, p, len)
+            })
+        };
         if n > 0 {
             st.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
             total += n;
         }
         if st.fbox_queued.load(Ordering::Relaxed) {
-            am::drain_fbox(mp);
+            am::send::drain_fbox(mp);
         }
     }
     if st.has_pending.load(Ordering::Relaxed) {
-        am::drain_pending(mp);
+        am::send::drain_pending(mp);
     }
     if st.has_rdma_deferred.load(Ordering::Relaxed) {
         rdma::post_deferred(mp);
@@ -50,7 +55,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     amo::retry_reads(mp);
     resolve::reissue(mp);
     if st.unposted.any() {
-        am::post_unposted(st);
+        am::recv::post_unposted(st);
     }
     if st.ctxs.len() == 1 {
         total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
@@ -64,7 +69,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
         }
     }
     if total > 0 && st.has_pending.load(Ordering::Relaxed) {
-        am::drain_pending(mp);
+        am::send::drain_pending(mp);
     }
     if total > 0 && st.has_rdma_deferred.load(Ordering::Relaxed) {
         rdma::post_deferred(mp);
@@ -110,8 +115,8 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                                 log::Level::Debug
                             };
                             // SAFETY: the entry's context is null or one we posted.
-                            let what = unsafe { am::Kind::of(ce.op_context) }
-                                .map_or("an operation without a context", am::Kind::what);
+                            let what = unsafe { OpKind::of(ce.op_context) }
+                                .map_or("an operation without a context", OpKind::what);
                             log::log!(
                                 level,
                                 "completion error on {} ({what}): {}{}",
@@ -156,15 +161,15 @@ unsafe fn dispatch(
     flags: u64,
 ) {
     // SAFETY: caller's contract: ctx is null or one we posted.
-    let Some(kind) = (unsafe { am::Kind::of(ctx) }) else {
+    let Some(kind) = (unsafe { OpKind::of(ctx) }) else {
         return;
     };
     // SAFETY: forwarded: the kind names the containing operation.
     unsafe {
         match kind {
-            am::Kind::Send => am::send_complete(mp, ctx, err),
-            am::Kind::Recv => am::recv_complete(mp, ctx, len, err, buf, flags),
-            am::Kind::Rdma => rdma::rdma_complete(mp, ctx, err),
+            OpKind::Send => am::send::send_complete(mp, ctx, err),
+            OpKind::Recv => am::recv::recv_complete(mp, ctx, len, err, buf, flags),
+            OpKind::Rdma => rdma::rdma_complete(mp, ctx, err),
         }
     }
 }

@@ -15,8 +15,8 @@
 //!
 //! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
 
-use super::am::{Ctx, Kind};
 use super::module::{lock, Module, PeerEp, State};
+use super::op_context::{Ctx, OpKind};
 use super::progress::progress_module;
 use super::rcache::{Acquired, Ticket};
 use super::resolve::Again;
@@ -435,7 +435,7 @@ fn run(
         }
     }
     let op = Box::into_raw(Box::new(RdmaOp {
-        ctx: Ctx::new(Kind::Rdma),
+        ctx: Ctx::new(OpKind::Rdma),
         endpoint: r.endpoint,
         local_address: r.local_address,
         local_handle: r.local_handle,
@@ -744,7 +744,7 @@ unsafe fn put_in_parts(
         let off = i * step;
         let len = step.min(size - off);
         let part = Box::into_raw(Box::new(RdmaOp {
-            ctx: Ctx::new(Kind::Rdma),
+            ctx: Ctx::new(OpKind::Rdma),
             endpoint: ptr::null_mut(),
             local_address: ptr::null_mut(),
             local_handle: ptr::null_mut(),

@@ -113,11 +113,11 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
     drop(av);
     for b in recv_bufs {
         // SAFETY: the endpoint is closed: no receive uses the buffer any more.
-        unsafe { am::free_recv_buf(b) };
+        unsafe { am::frag::free_recv_buf(b) };
     }
     for f in frags.into_iter().chain(pending).chain(fbox_queue) {
         // SAFETY: free-listed or never-posted fragments are ours.
-        unsafe { am::free_frag_memory(f) };
+        unsafe { am::frag::free_frag_memory(f) };
     }
     for p in peers {
         // SAFETY: from Box::into_raw in add_procs.

@@ -134,7 +134,7 @@ pub(super) fn receive_mode(
     multi
         && !multi_unsafe
         && ctxs.iter().all(|c| {
-            let min: usize = am::HDR + frag_payload;
+            let min: usize = am::wire::HDR + frag_payload;
             // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
             let r = unsafe {
                 c.rx.setopt(

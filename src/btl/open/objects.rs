@@ -110,7 +110,7 @@ pub(super) fn choose_provider(
     } else {
         &[(false, false)]
     };
-    // Each with multi-receive buffers first (see `am::post_receives`), where they matter.
+    // Each with multi-receive buffers first (see `am::recv::post_receives`), where they matter.
     let multis: &[bool] = if two_sided { &[true, false] } else { &[false] };
     let mut failures = Vec::new();
     let mut opened = None;

@@ -8,7 +8,7 @@
 
 use super::objects::Opened;
 use super::{Config, ATOMICS_AM, ATOMICS_PROVIDER};
-use crate::btl::am::HDR;
+use crate::btl::am::wire::HDR;
 use crate::btl::module::Role;
 use crate::btl::template::{fill_table, param, TEMPLATE};
 use crate::btl::{amo, rdma};
