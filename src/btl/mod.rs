@@ -15,6 +15,7 @@ mod op_context;
 mod open;
 mod procs;
 mod progress;
+mod put_by_read;
 pub mod rcache;
 pub mod rdma;
 pub mod resolve;

@@ -89,7 +89,7 @@ pub struct State {
     /// (`common::quirks::Quirks::segments_unsafe`, whose writes take the same path),
     /// else unbounded.
     pub write_max: usize,
-    /// Puts longer than `write_max` are done by the target's read (`amo::put_by_read`;
+    /// Puts longer than `write_max` are done by the target's read (`put_by_read`;
     /// needs active messages, `btl_ofi_mode` 2).
     pub put_by_read: bool,
     /// Fragments past the inject size up to [`am::wire::PIECE_LIMIT`] go as trains of

@@ -9,7 +9,7 @@ use super::am;
 use super::module::{Module, State, MODULES};
 use super::op_context::OpKind;
 use super::rdma;
-use super::{amo, resolve};
+use super::{put_by_read, resolve};
 use crate::fabric::CompletionQueue;
 use crate::ompi::component::ffi_guard;
 use libfabric_sys as fi;
@@ -52,7 +52,7 @@ pub(crate) fn progress_module(mp: *mut Module) -> usize {
     if st.has_rdma_deferred.load(Ordering::Relaxed) {
         rdma::post_deferred(mp);
     }
-    amo::retry_reads(mp);
+    put_by_read::retry_reads(mp);
     resolve::reissue(mp);
     if st.unposted.any() {
         am::recv::post_unposted(st);

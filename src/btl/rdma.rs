@@ -9,7 +9,7 @@
 //! the local handle, registering the local buffer on the fly when the caller has none.
 //!
 //! Where the provider mixes up writes of more than one packet (udp;ofi_rxd), a put
-//! longer than one is done by the target's read (`amo::put_by_read`) where active
+//! longer than one is done by the target's read (`put_by_read`) where active
 //! messages are on, else as writes of one packet each ([`State::write_max`]),
 //! completing with the last.
 //!
@@ -185,7 +185,7 @@ pub struct RdmaOp {
     part_err: AtomicI32,
 }
 
-/// Puts up to this size go as writes of one packet even where `amo::put_by_read`
+/// Puts up to this size go as writes of one packet even where `put_by_read`
 /// is on: over udp;ofi_rxd 4 KiB took 17 us as four writes against 22 us read by the
 /// target, 64 KiB 208 us against 110 us.
 pub const PUT_BY_READ_MIN: usize = 4096;
@@ -637,7 +637,7 @@ pub(crate) extern "C" fn btl_put(
         let st = unsafe { &(*mp).st };
         if size > st.write_max.max(PUT_BY_READ_MIN) && st.put_by_read {
             // SAFETY: mp is our module; the rest is the caller's put.
-            return unsafe { super::amo::put_by_read(r, size) };
+            return unsafe { super::put_by_read::post(r, size) };
         }
         let defer = (size <= st.write_max).then_some(Dir::Write);
         run(r, 0, size, 0, 0, defer, |st, op, desc, dest, raddr, key| {

@@ -7,7 +7,7 @@
 
 use super::am;
 use super::module::{fbox_sent_of, lock, Module, State, MODULES};
-use super::{amo, rdma, resolve};
+use super::{amo, put_by_read, rdma, resolve};
 use crate::common::release;
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
@@ -43,6 +43,7 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
     // SAFETY: forwarded contract.
     let mut module = unsafe { Box::from_raw(mp) };
     amo::forget_module(mp);
+    put_by_read::forget_module(mp);
     resolve::forget_module(mp);
     let st = &mut module.st;
     st.closing.store(true, Ordering::Release);

@@ -10,6 +10,7 @@ use super::frag::RecvBuf;
 use super::wire::{AmHeader, BadAm, PieceHeader, HDR, PIECE_MAGIC};
 use crate::btl::module::{lock, Module, State};
 use crate::btl::op_context::{Ctx, OpKind};
+use crate::btl::{amo, put_by_read};
 use crate::fabric::Error;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -270,12 +271,14 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
 pub(in crate::btl) unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
-    if (st.amo && tag == crate::btl::amo::TAG_REQ)
-        || (st.serves_requests() && tag == crate::btl::amo::TAG_REP)
-        || (st.put_by_read && tag == crate::btl::amo::TAG_PUT)
-    {
+    if (st.amo && tag == amo::TAG_REQ) || (st.serves_requests() && tag == amo::TAG_REP) {
         // SAFETY: the payload holds len received bytes until the buffer is reposted.
-        unsafe { crate::btl::amo::on_message(mp, tag, payload, len) };
+        unsafe { amo::on_message(mp, tag, payload, len) };
+        return;
+    }
+    if st.put_by_read && tag == put_by_read::TAG_PUT {
+        // SAFETY: as above.
+        unsafe { put_by_read::on_message(mp, payload, len) };
         return;
     }
     if st.one_sided
