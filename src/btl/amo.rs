@@ -25,7 +25,7 @@
 
 use super::am;
 use super::module::{lock, Module};
-use super::rdma::{Handle, Registration};
+use super::registration::{Handle, Registration};
 use crate::common::IdMap;
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
@@ -454,7 +454,7 @@ fn start(
     again: super::resolve::Again,
 ) -> c_int {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
-        return super::rdma::UNSUPPORTED;
+        return super::provider_atomics::UNSUPPORTED;
     }
     if endpoint.is_null() || remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
@@ -630,7 +630,7 @@ fn on_reply(mp: *mut Module, bytes: &[u8]) {
     }
     if !p.reg.is_null() {
         // SAFETY: the put's registration; its read is over (the reply says so).
-        unsafe { super::rdma::deregister(&(*p.mp).st, p.reg) };
+        unsafe { super::registration::deregister(&(*p.mp).st, p.reg) };
     }
     if rep.status == sys::OPAL_SUCCESS && p.result_width > 0 {
         // SAFETY: the caller's result buffer holds result_width bytes until we
@@ -691,7 +691,7 @@ pub(crate) extern "C" fn btl_atomic_op(
 ) -> c_int {
     ffi_guard("btl atomic_op (am)", sys::OPAL_ERROR, || {
         let Some(o) = Op::from_btl(op) else {
-            return super::rdma::UNSUPPORTED;
+            return super::provider_atomics::UNSUPPORTED;
         };
         start(
             btl,
@@ -729,7 +729,7 @@ pub(crate) extern "C" fn btl_atomic_fop(
 ) -> c_int {
     ffi_guard("btl atomic_fop (am)", sys::OPAL_ERROR, || {
         let Some(o) = Op::from_btl(op) else {
-            return super::rdma::UNSUPPORTED;
+            return super::provider_atomics::UNSUPPORTED;
         };
         start(
             btl,

@@ -20,7 +20,8 @@
 use super::am::{self, frag::Frag, frag::RecvBuf};
 use super::progress::progress_module;
 use super::rcache::{self, Cache};
-use super::rdma::{self, Registration};
+use super::rdma;
+use super::registration;
 use crate::common::sync::{MaybeLock, Serial};
 use crate::common::{fbox, release, DomainHandle, IdMap};
 use crate::fabric::{AddressVector, CompletionQueue, Endpoint, MemoryRegion};
@@ -144,9 +145,9 @@ pub struct State {
     pub fbox_received: AtomicU64,
     pub rcache: Mutex<Cache<MemoryRegion>>,
     /// Registrations made outside the cache (caching off, or full) and still live, by
-    /// the address of their `rdma::Registration`: find requests (`resolve`) look here
+    /// the address of their `registration::Registration`: find requests (`resolve`) look here
     /// after the cache. Locked after `rcache`, never before.
-    pub outside: Mutex<IdMap<usize, rdma::Handle>>,
+    pub outside: Mutex<IdMap<usize, registration::Handle>>,
     /// The cache's release table, read by progress without the cache's mutex.
     pub rcache_slots: Arc<rcache::Slots>,
     pub rcache_sub: Option<release::SlotId>,
@@ -378,20 +379,6 @@ pub(super) fn fbox_sent_of(st: &State) -> u64 {
         // SAFETY: listed peers are live.
         .filter_map(|&p| unsafe { (*p).fbox.as_ref() }.map(fbox::Tx::sent))
         .sum()
-}
-
-/// The registration of a handle we returned (local use only).
-///
-/// # Safety
-/// `h` is null or a handle returned by our `register_mem`.
-#[inline]
-pub unsafe fn local_desc(h: *mut sys::mca_btl_base_registration_handle_t) -> *mut c_void {
-    if h.is_null() {
-        ptr::null_mut()
-    } else {
-        // SAFETY: our handles point to a Registration (its first field is the Handle).
-        unsafe { (*(h as *const Registration)).desc }
-    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::amo::{
     NEXT_ID, PENDING, TAG_REP,
 };
 use super::module::{lock, Module};
-use super::rdma::Handle;
+use super::registration::Handle;
 use crate::common::IdMap;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -116,7 +116,7 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
     // SAFETY: mp is live.
     let st = unsafe { &(*mp).st };
     let key = handle.key;
-    let Some(reg) = super::rdma::register(st, local_address, size) else {
+    let Some(reg) = super::registration::register(st, local_address, size) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
     // SAFETY: reg is the live registration just made.
@@ -153,7 +153,7 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
             p.remove(&id);
         }
         // SAFETY: made above; nothing reads it (the request was not sent).
-        unsafe { super::rdma::deregister(st, reg) };
+        unsafe { super::registration::deregister(st, reg) };
         return rc;
     }
     st.ops[0].fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,8 @@
 
 use super::amo;
 use super::module::{lock, Module};
-use super::rdma::{self, Handle, Req};
+use super::rdma::Req;
+use super::registration::{self, Handle};
 use crate::common::IdMap;
 use ompi_sys as sys;
 use std::os::raw::c_int;
@@ -277,7 +278,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
         };
         let handle = usize::try_from(req.len)
             .ok()
-            .and_then(|n| rdma::live_handle(st, req.addr, n));
+            .and_then(|n| registration::live_handle(st, req.addr, n));
         let rep = Found { id: req.id, handle };
         let rc = amo::send(mp, ep as *mut _, TAG_FOUND, &rep.encode());
         if rc != sys::OPAL_SUCCESS {

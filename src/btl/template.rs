@@ -7,7 +7,7 @@
 //! touch: a running module (`open.rs` copies the template into each one).
 
 use super::module::lock;
-use super::{am, procs, progress, rdma, teardown};
+use super::{am, procs, progress, provider_atomics, rdma, registration, teardown};
 use ompi_sys as sys;
 use std::os::raw::c_int;
 use std::ptr;
@@ -41,11 +41,11 @@ pub(super) fn fill_table(m: &mut sys::mca_btl_base_module_t) {
     m.btl_put = Some(rdma::btl_put);
     m.btl_get = Some(rdma::btl_get);
     m.btl_dump = None;
-    m.btl_atomic_op = Some(rdma::btl_atomic_op);
-    m.btl_atomic_fop = Some(rdma::btl_atomic_fop);
-    m.btl_atomic_cswap = Some(rdma::btl_atomic_cswap);
-    m.btl_register_mem = Some(rdma::btl_register_mem);
-    m.btl_deregister_mem = Some(rdma::btl_deregister_mem);
+    m.btl_atomic_op = Some(provider_atomics::btl_atomic_op);
+    m.btl_atomic_fop = Some(provider_atomics::btl_atomic_fop);
+    m.btl_atomic_cswap = Some(provider_atomics::btl_atomic_cswap);
+    m.btl_register_mem = Some(registration::btl_register_mem);
+    m.btl_deregister_mem = Some(registration::btl_deregister_mem);
     m.btl_register_error = Some(procs::register_error);
     m.btl_flush = Some(progress::flush);
 }
@@ -83,7 +83,7 @@ pub fn register_base_params() {
         | sys::MCA_BTL_FLAGS_RDMA_FLUSH
         | sys::MCA_BTL_FLAGS_ATOMIC_OPS
         | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
-    m.btl_registration_handle_size = std::mem::size_of::<rdma::Handle>();
+    m.btl_registration_handle_size = std::mem::size_of::<registration::Handle>();
     fill_table(m);
     // SAFETY: the component struct and template are valid; Open MPI binds variables to
     // the template's fields, which live forever (see TEMPLATE).

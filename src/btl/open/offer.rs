@@ -11,7 +11,7 @@ use super::{Config, ATOMICS_AM, ATOMICS_PROVIDER};
 use crate::btl::am::wire::HDR;
 use crate::btl::module::Role;
 use crate::btl::template::{fill_table, param, TEMPLATE};
-use crate::btl::{amo, rdma};
+use crate::btl::{amo, provider_atomics, rdma};
 use crate::common::quirks::Quirks;
 use crate::ompi::params::btl as idx;
 use libfabric_sys as fi;
@@ -28,7 +28,7 @@ fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
     let fetch = fi::FI_FETCH_ATOMIC;
     let mut flags = 0u32;
     let mut all32 = true;
-    for (btl, op) in rdma::ATOMIC_OPS {
+    for (btl, op) in provider_atomics::ATOMIC_OPS {
         if ok(fi::FI_INT64, op, 0) && ok(fi::FI_INT64, op, fetch) {
             flags |= btl;
             all32 &= ok(fi::FI_INT32, op, 0) && ok(fi::FI_INT32, op, fetch);
