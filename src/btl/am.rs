@@ -80,11 +80,11 @@ pub(crate) extern "C" fn btl_alloc(
 ) -> *mut sys::mca_btl_base_descriptor_t {
     crate::ompi::component::ffi_guard("btl alloc", ptr::null_mut(), || {
         // SAFETY: btl is our module.
-        let st = unsafe { &(*module_of(btl)).st };
-        if size > st.frag_payload {
+        let state = unsafe { &(*module_of(btl)).state };
+        if size > state.frag_payload {
             return ptr::null_mut();
         }
-        let Some(f) = get_frag(st) else {
+        let Some(f) = get_frag(state) else {
             return ptr::null_mut();
         };
         // SAFETY: f is a free fragment.
@@ -101,7 +101,7 @@ pub(crate) extern "C" fn btl_free(
 ) -> c_int {
     crate::ompi::component::ffi_guard("btl free", sys::OPAL_ERROR, || {
         // SAFETY: btl is our module; des is one of our fragments (its first field).
-        put_frag(unsafe { &(*module_of(btl)).st }, des as *mut Frag);
+        put_frag(unsafe { &(*module_of(btl)).state }, des as *mut Frag);
         sys::OPAL_SUCCESS
     })
 }
@@ -117,20 +117,20 @@ pub(crate) extern "C" fn btl_prepare_src(
 ) -> *mut sys::mca_btl_base_descriptor_t {
     crate::ompi::component::ffi_guard("btl prepare_src", ptr::null_mut(), || {
         // SAFETY: btl is our module.
-        let st = unsafe { &(*module_of(btl)).st };
-        if reserve > st.frag_payload {
+        let state = unsafe { &(*module_of(btl)).state };
+        if reserve > state.frag_payload {
             return ptr::null_mut();
         }
         // SAFETY: size is a valid in/out pointer.
-        let want = unsafe { *size }.min(st.frag_payload - reserve);
-        let Some(f) = get_frag(st) else {
+        let want = unsafe { *size }.min(state.frag_payload - reserve);
+        let Some(f) = get_frag(state) else {
             return ptr::null_mut();
         };
         // SAFETY: f is free; its payload has room for reserve + want bytes.
         let packed = match unsafe { pack(conv, (*f).buf.add(HDR + reserve), want) } {
             Ok(n) => n,
             Err(_) => {
-                put_frag(st, f);
+                put_frag(state, f);
                 return ptr::null_mut();
             }
         };
@@ -186,9 +186,9 @@ pub(crate) extern "C" fn btl_sendi(
     descriptor: *mut *mut sys::mca_btl_base_descriptor_t,
 ) -> c_int {
     crate::ompi::component::ffi_guard("btl sendi", sys::OPAL_ERROR, || {
-        let mp = module_of(btl);
+        let module = module_of(btl);
         // SAFETY: btl is our module.
-        let st = unsafe { &(*mp).st };
+        let state = unsafe { &(*module).state };
         let total = header_size + payload_size;
         let busy = || {
             if !descriptor.is_null() {
@@ -222,12 +222,12 @@ pub(crate) extern "C" fn btl_sendi(
                 return sys::OPAL_SUCCESS;
             }
         }
-        if total > st.frag_payload || st.has_pending.load(Ordering::Relaxed) {
+        if total > state.frag_payload || state.has_pending.load(Ordering::Relaxed) {
             return busy();
         }
         // Small enough to inject: built on the stack, no fragment taken from (and
         // given back to) the free list, whose lock is most of a small send's cost.
-        if HDR + total <= st.inject_size.min(INLINE_MAX) && st.send_window == 0 {
+        if HDR + total <= state.inject_size.min(INLINE_MAX) && state.send_window == 0 {
             let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
             let b = buf.as_mut_ptr() as *mut u8;
             let h = AmHeader {
@@ -246,15 +246,20 @@ pub(crate) extern "C" fn btl_sendi(
             // SAFETY: endpoint came from add_procs.
             let dest = unsafe { (*(ep as *mut PeerEp)).addr };
             // SAFETY: the first HDR + total bytes of b are written; inject copies them.
-            match st.fi(|| unsafe { st.tx().inject(b as *const c_void, HDR + total, st.to(dest)) })
-            {
+            match state.fi(|| unsafe {
+                state
+                    .tx()
+                    .inject(b as *const c_void, HDR + total, state.to(dest))
+            }) {
                 Ok(()) => return sys::OPAL_SUCCESS,
                 // Never queued here: see the function's documentation.
                 Err(Error::AGAIN) => return busy(),
                 Err(e) => return e.to_opal(),
             }
         }
-        let Some(f) = get_frag(st) else { return busy() };
+        let Some(f) = get_frag(state) else {
+            return busy();
+        };
         // SAFETY: f is free with room for total payload bytes; header is valid for
         // header_size bytes.
         unsafe {
@@ -262,7 +267,7 @@ pub(crate) extern "C" fn btl_sendi(
             if payload_size > 0
                 && pack(conv, (*f).buf.add(HDR + header_size), payload_size).is_err()
             {
-                put_frag(st, f);
+                put_frag(state, f);
                 return sys::OPAL_ERROR;
             }
             prime(
@@ -275,9 +280,9 @@ pub(crate) extern "C" fn btl_sendi(
             write_header(f, tag);
         }
         // SAFETY: f is primed with its header.
-        match unsafe { post(st, f) } {
+        match unsafe { post(state, f) } {
             Ok(true) => {
-                put_frag(st, f);
+                put_frag(state, f);
                 sys::OPAL_SUCCESS
             }
             Ok(false) => sys::OPAL_SUCCESS,
@@ -286,7 +291,7 @@ pub(crate) extern "C" fn btl_sendi(
                 // becomes the descriptor ob1 asked for (ob1 resets its convertor and
                 // packs into it again), as `btl_alloc` would have made it.
                 if descriptor.is_null() {
-                    put_frag(st, f);
+                    put_frag(state, f);
                 } else {
                     // SAFETY: f is ours, not posted; descriptor is a valid out pointer.
                     unsafe {
@@ -297,7 +302,7 @@ pub(crate) extern "C" fn btl_sendi(
                 sys::OPAL_ERR_RESOURCE_BUSY
             }
             Err(e) => {
-                put_frag(st, f);
+                put_frag(state, f);
                 e.to_opal()
             }
         }

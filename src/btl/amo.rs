@@ -342,35 +342,35 @@ static REGIONS: Mutex<Option<Ranges>> = Mutex::new(None);
 pub(super) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A registration handed to Open MPI (`register_mem`): peers may now target it.
-pub fn note_region(mp: *mut Module, key: u64, base: usize, len: usize) {
+pub fn note_region(module: *mut Module, key: u64, base: usize, len: usize) {
     lock(&REGIONS)
         .get_or_insert_with(IdMap::default)
-        .entry((mp as usize, key))
+        .entry((module as usize, key))
         .or_default()
         .push((base, len));
 }
 
 /// The registration was given back (`deregister_mem`).
-pub fn forget_region(mp: *mut Module, key: u64, base: usize, len: usize) {
+pub fn forget_region(module: *mut Module, key: u64, base: usize, len: usize) {
     let mut g = lock(&REGIONS);
     let Some(map) = g.as_mut() else { return };
-    if let Some(v) = map.get_mut(&(mp as usize, key)) {
+    if let Some(v) = map.get_mut(&(module as usize, key)) {
         if let Some(i) = v.iter().position(|&r| r == (base, len)) {
             v.swap_remove(i);
         }
         if v.is_empty() {
-            map.remove(&(mp as usize, key));
+            map.remove(&(module as usize, key));
         }
     }
 }
 
 /// Whether `[addr, addr + width)` lies in a range registered under `key`.
-fn target_ok(mp: *mut Module, key: u64, addr: u64, width: usize) -> bool {
+fn target_ok(module: *mut Module, key: u64, addr: u64, width: usize) -> bool {
     if addr == 0 || !addr.is_multiple_of(width as u64) {
         return false;
     }
     let g = lock(&REGIONS);
-    let Some(v) = g.as_ref().and_then(|m| m.get(&(mp as usize, key))) else {
+    let Some(v) = g.as_ref().and_then(|m| m.get(&(module as usize, key))) else {
         return false;
     };
     let (a, w) = (addr as usize, width);
@@ -379,9 +379,9 @@ fn target_ok(mp: *mut Module, key: u64, addr: u64, width: usize) -> bool {
 }
 
 /// Whether `[addr, addr + len)` lies in one range registered under `key`.
-pub(super) fn range_ok(mp: *mut Module, key: u64, addr: u64, len: u64) -> bool {
+pub(super) fn range_ok(module: *mut Module, key: u64, addr: u64, len: u64) -> bool {
     let g = lock(&REGIONS);
-    let Some(v) = g.as_ref().and_then(|m| m.get(&(mp as usize, key))) else {
+    let Some(v) = g.as_ref().and_then(|m| m.get(&(module as usize, key))) else {
         return false;
     };
     let Some(end) = addr.checked_add(len) else {
@@ -392,13 +392,13 @@ pub(super) fn range_ok(mp: *mut Module, key: u64, addr: u64, len: u64) -> bool {
             .any(|&(b, l)| addr >= b as u64 && end <= (b as u64).saturating_add(l as u64))
 }
 
-/// Drop every record of module `mp` (finalize).
-pub fn forget_module(mp: *mut Module) {
+/// Drop every record of `module` (finalize).
+pub fn forget_module(module: *mut Module) {
     if let Some(m) = lock(&REGIONS).as_mut() {
-        m.retain(|&(k, _), _| k != mp as usize);
+        m.retain(|&(k, _), _| k != module as usize);
     }
     if let Some(p) = lock(&PENDING).as_mut() {
-        p.retain(|_, op| op.mp != mp);
+        p.retain(|_, op| op.mp != module);
     }
 }
 
@@ -410,14 +410,14 @@ pub(super) fn my_name() -> (u32, u32) {
 /// Send `bytes` under `tag` to `ep`. The fragment is the BTL's; it is recycled at its
 /// completion.
 pub(super) fn send(
-    mp: *mut Module,
+    module: *mut Module,
     ep: *mut sys::mca_btl_base_endpoint_t,
     tag: u8,
     bytes: &[u8],
 ) -> c_int {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
-    let Some(f) = am::frag::get_frag(st) else {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
+    let Some(f) = am::frag::get_frag(state) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
     // SAFETY: f is a free fragment with room for frag_payload >= REQ_LEN bytes.
@@ -431,7 +431,7 @@ pub(super) fn send(
         );
         ptr::copy_nonoverlapping(bytes.as_ptr(), (*f).buf.add(am::wire::HDR), bytes.len());
         am::frag::write_header(f, tag);
-        am::send::send_frag(mp, f).min(sys::OPAL_SUCCESS)
+        am::send::send_frag(module, f).min(sys::OPAL_SUCCESS)
     }
 }
 
@@ -483,7 +483,7 @@ fn start(
     if fetching && local_address.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    let mp = btl as *mut Module;
+    let module = btl as *mut Module;
     let key = r.handle.key;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let req = Request {
@@ -499,7 +499,7 @@ fn start(
     lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
-            mp,
+            mp: module,
             endpoint,
             local_address,
             local_handle,
@@ -510,12 +510,12 @@ fn start(
             reg: ptr::null_mut(),
         },
     );
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
-    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let rc = send(mp, endpoint, TAG_REQ, &req.encode());
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let rc = send(module, endpoint, TAG_REQ, &req.encode());
     if rc != sys::OPAL_SUCCESS {
-        st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+        state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if let Some(p) = lock(&PENDING).as_mut() {
             p.remove(&id);
         }
@@ -526,50 +526,50 @@ fn start(
         AtomicKind::Fop(_) => 3,
         AtomicKind::Cswap => 4,
     };
-    st.ops[i].fetch_add(1, Ordering::Relaxed);
+    state.ops[i].fetch_add(1, Ordering::Relaxed);
     sys::OPAL_SUCCESS
 }
 
 /// A request or reply arrived (called from the receive path for our two tags).
 ///
 /// # Safety
-/// `mp` is the live module; `payload` holds `len` received bytes.
-pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usize) {
+/// `module` is live; `payload` holds `len` received bytes.
+pub unsafe fn on_message(module: *mut Module, tag: u8, payload: *const u8, len: usize) {
     // SAFETY: caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
     if tag == TAG_REQ {
-        on_request(mp, bytes);
+        on_request(module, bytes);
     } else {
-        on_reply(mp, bytes);
+        on_reply(module, bytes);
     }
 }
 
 /// An atomic request arrived: apply it (where its target is registered) and answer
 /// with the previous value.
-fn on_request(mp: *mut Module, bytes: &[u8]) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+fn on_request(module: *mut Module, bytes: &[u8]) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let req = match Request::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
             log::warn!(
                 "dropping a malformed atomic request on {}: {e}",
-                st.provider
+                state.provider
             );
             return;
         }
     };
     // The origin, to answer to.
-    let Some(ep) = origin_ep(mp, req.origin) else {
+    let Some(ep) = origin_ep(module, req.origin) else {
         log::warn!(
             "dropping an atomic request from an unknown process ({}, {}) on {}",
             req.origin.0,
             req.origin.1,
-            st.provider
+            state.provider
         );
         return;
     };
-    let (old, status) = if target_ok(mp, req.key, req.addr, req.width) {
+    let (old, status) = if target_ok(module, req.key, req.addr, req.width) {
         // SAFETY: the word lies in memory this process registered for remote
         // access and has not deregistered, aligned to its width.
         let old = unsafe {
@@ -597,23 +597,26 @@ fn on_request(mp: *mut Module, bytes: &[u8]) {
         old,
         status,
     };
-    let rc = send(mp, ep as *mut _, TAG_REP, &rep.encode());
+    let rc = send(module, ep as *mut _, TAG_REP, &rep.encode());
     if rc != sys::OPAL_SUCCESS {
         log::error!(
             "cannot answer an atomic request on {} ({rc}): the initiator will wait",
-            st.provider
+            state.provider
         );
     }
 }
 
 /// A reply arrived: complete the atomic (or the put by read) waiting for it.
-fn on_reply(mp: *mut Module, bytes: &[u8]) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+fn on_reply(module: *mut Module, bytes: &[u8]) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let rep = match Reply::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
-            log::warn!("dropping a malformed atomic reply on {}: {e}", st.provider);
+            log::warn!(
+                "dropping a malformed atomic reply on {}: {e}",
+                state.provider
+            );
             return;
         }
     };
@@ -621,16 +624,16 @@ fn on_reply(mp: *mut Module, bytes: &[u8]) {
         log::warn!(
             "dropping an atomic reply for unknown operation {} on {}",
             rep.id,
-            st.provider
+            state.provider
         );
         return;
     };
-    if p.mp != mp {
+    if p.mp != module {
         log::warn!("an atomic reply arrived on another module than its request");
     }
     if !p.reg.is_null() {
         // SAFETY: the put's registration; its read is over (the reply says so).
-        unsafe { super::registration::deregister(&(*p.mp).st, p.reg) };
+        unsafe { super::registration::deregister(&(*p.mp).state, p.reg) };
     }
     if rep.status == sys::OPAL_SUCCESS && p.result_width > 0 {
         // SAFETY: the caller's result buffer holds result_width bytes until we
@@ -652,7 +655,7 @@ fn on_reply(mp: *mut Module, bytes: &[u8]) {
         // SAFETY: the caller's callback with its own arguments.
         unsafe {
             cb(
-                mp as *mut _,
+                module as *mut _,
                 p.endpoint,
                 p.local_address,
                 p.local_handle,
@@ -662,14 +665,17 @@ fn on_reply(mp: *mut Module, bytes: &[u8]) {
             )
         };
     }
-    st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+    state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// The endpoint of process `origin` on module `mp`.
-pub(super) fn origin_ep(mp: *mut Module, origin: (u32, u32)) -> Option<*mut super::module::PeerEp> {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
-    lock(&st.peers).iter().copied().find(|&pe| {
+/// The endpoint of process `origin` on `module`.
+pub(super) fn origin_ep(
+    module: *mut Module,
+    origin: (u32, u32),
+) -> Option<*mut super::module::PeerEp> {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
+    lock(&state.peers).iter().copied().find(|&pe| {
         // SAFETY: listed peers are live until del_procs.
         let n = unsafe { (*(*pe).proc_).proc_name };
         (n.jobid, n.vpid) == origin

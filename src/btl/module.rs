@@ -51,7 +51,7 @@ pub struct PeerEp {
 #[repr(C)]
 pub struct Module {
     pub sup: sys::mca_btl_base_module_t,
-    pub st: State,
+    pub state: State,
 }
 
 /// Everything the data paths need.
@@ -339,9 +339,9 @@ pub(super) fn modex_decode(blob: &[u8], want: u8) -> Option<&[u8]> {
 
 /// The registration cache's counters of the module that reaches every peer.
 pub fn rcache_stats() -> Option<rcache::Stats> {
-    let mp = MODULES[0].load(Ordering::Acquire);
-    // SAFETY: mp is null or live.
-    unsafe { mp.as_ref() }.map(|m| lock(&m.st.rcache).stats())
+    let module = MODULES[0].load(Ordering::Acquire);
+    // SAFETY: module is null or live.
+    unsafe { module.as_ref() }.map(|m| lock(&m.state.rcache).stats())
 }
 
 /// The one-sided operations posted by every running module (`btl_ofi_rdma_*`).
@@ -349,15 +349,15 @@ pub fn op_counts() -> rdma::OpCounts {
     let mut c = [0u64; 5];
     let (mut deferred, mut fbox_sent, mut fbox_received) = (0, 0, 0);
     for slot in &MODULES {
-        let mp = slot.load(Ordering::Acquire);
-        // SAFETY: mp is null or live.
-        if let Some(m) = unsafe { mp.as_ref() } {
-            for (sum, n) in c.iter_mut().zip(&m.st.ops) {
+        let module = slot.load(Ordering::Acquire);
+        // SAFETY: module is null or live.
+        if let Some(m) = unsafe { module.as_ref() } {
+            for (sum, n) in c.iter_mut().zip(&m.state.ops) {
                 *sum += n.load(Ordering::Relaxed);
             }
-            deferred += m.st.rdma_deferrals.load(Ordering::Relaxed);
-            fbox_received += m.st.fbox_received.load(Ordering::Relaxed);
-            fbox_sent += fbox_sent_of(&m.st);
+            deferred += m.state.rdma_deferrals.load(Ordering::Relaxed);
+            fbox_received += m.state.fbox_received.load(Ordering::Relaxed);
+            fbox_sent += fbox_sent_of(&m.state);
         }
     }
     rdma::OpCounts {
@@ -373,8 +373,8 @@ pub fn op_counts() -> rdma::OpCounts {
 }
 
 /// Fragments this module sent through fast boxes (counted per peer ring).
-pub(super) fn fbox_sent_of(st: &State) -> u64 {
-    lock(&st.peers)
+pub(super) fn fbox_sent_of(state: &State) -> u64 {
+    lock(&state.peers)
         .iter()
         // SAFETY: listed peers are live.
         .filter_map(|&p| unsafe { (*p).fbox.as_ref() }.map(fbox::Tx::sent))

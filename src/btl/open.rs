@@ -138,7 +138,7 @@ fn open_modules(cfg: &Config) -> Result<Vec<(*mut Module, Vec<u8>)>, String> {
     // BTL reaching all of a window's peers) keeps working; shm wins ob1's sends to
     // on-host peers by exclusivity.
     // SAFETY: modules[0] is our fresh module.
-    let primary_provider = unsafe { (*modules[0].0).st.provider.clone() };
+    let primary_provider = unsafe { (*modules[0].0).state.provider.clone() };
     // Other ranks on this node (`local_ranks` counts this one too).
     let local_peers = cfg.local_ranks > 1;
     if !cfg.all_local
@@ -170,7 +170,7 @@ fn publish(
     let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
     for (module, name) in &modules {
         // SAFETY: every module in the list is ours and live.
-        let state = unsafe { &(*(*module)).st };
+        let state = unsafe { &(*(*module)).state };
         records.push((state.role.record(), name.clone()));
         if let Some(rx) = &state.fbox {
             records.push((state.role.fbox_record(), rx.record()));
@@ -319,7 +319,7 @@ fn assemble_module(
     let frag_payload = sup.btl_max_send_size;
     let module = Box::new(Module {
         sup,
-        st: State {
+        state: State {
             ep,
             ctxs: ctxs.into_boxed_slice(),
             rx_ctx_bits,
@@ -413,7 +413,7 @@ fn log_opened(
         ..
     } = *cfg;
     // SAFETY: module is live; nothing else knows it yet.
-    let state = unsafe { &(*module).st };
+    let state = unsafe { &(*module).state };
     let provider = &state.provider;
     let (role, delivery, mr_local, amo) = (state.role, state.delivery, state.mr_local, state.amo);
     let (inject_size, multi_recv) = (state.inject_size, state.multi_recv);

@@ -28,7 +28,7 @@ pub(super) extern "C" fn add_procs(
             return sys::OPAL_SUCCESS;
         }
         // SAFETY: btl is our module.
-        let st = unsafe { &(*(btl as *mut Module)).st };
+        let state = unsafe { &(*(btl as *mut Module)).state };
         // SAFETY: Open MPI passes nprocs procs and nprocs endpoint slots.
         let (procs, eps) = unsafe {
             (
@@ -36,7 +36,7 @@ pub(super) extern "C" fn add_procs(
                 std::slice::from_raw_parts_mut(endpoints, nprocs),
             )
         };
-        let mut peers = lock(&st.peers);
+        let mut peers = lock(&state.peers);
         let mut reached = 0usize;
         for (i, &p) in procs.iter().enumerate() {
             // SAFETY: each peer pointer in our list is live until del_procs.
@@ -47,7 +47,7 @@ pub(super) extern "C" fn add_procs(
                 let (name, flags) = unsafe { (&(*p).proc_name, (*p).proc_flags) };
                 // SAFETY: plain call; the local proc exists after opal_init.
                 let me = unsafe { sys::opal_proc_local_get() };
-                if st.role == Role::OnHost
+                if state.role == Role::OnHost
                     && (u32::from(flags) & sys::OPAL_PROC_ON_NODE == 0 || p == me)
                 {
                     // Another host (or this process, which the self BTL serves): the
@@ -58,23 +58,26 @@ pub(super) extern "C" fn add_procs(
                     Ok(a) => a,
                     Err(_) => continue, // the peer does not run this BTL: unreachable
                 };
-                let Some(addr) = modex_decode(&blob, st.role.record()) else {
+                let Some(addr) = modex_decode(&blob, state.role.record()) else {
                     continue; // no endpoint of this kind (or a malformed record)
                 };
-                let fiaddr = match st.av.insert(addr) {
+                let fiaddr = match state.av.insert(addr) {
                     Ok(a) => a,
                     Err(e) => {
-                        log::warn!("fi_av_insert of a peer's address on {}: {e}", st.provider);
+                        log::warn!(
+                            "fi_av_insert of a peer's address on {}: {e}",
+                            state.provider
+                        );
                         continue;
                     }
                 };
-                let fbox = st.fbox.as_ref().and_then(|_| {
-                    let rec = modex_decode(&blob, st.role.fbox_record())?;
+                let fbox = state.fbox.as_ref().and_then(|_| {
+                    let rec = modex_decode(&blob, state.role.fbox_record())?;
                     // SAFETY: set up before BTL init.
                     let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
                     fbox::Tx::open(rec, me)
                         .inspect_err(|e| {
-                            log::info!("no fast box to a peer on {}: {e}", st.provider)
+                            log::info!("no fast box to a peer on {}: {e}", state.provider)
                         })
                         .ok()
                 });
@@ -93,13 +96,13 @@ pub(super) extern "C" fn add_procs(
                 unsafe { sys::opal_bitmap_set_bit(reachable, i as c_int) };
             }
         }
-        if reached > 0 && st.role == Role::OnHost {
+        if reached > 0 && state.role == Role::OnHost {
             log::info!(
                 "add_procs: {reached} peer(s) on this host over {}",
-                st.provider
+                state.provider
             );
         } else if reached > 0 {
-            log::debug!("add_procs: {reached} new peer(s) over {}", st.provider);
+            log::debug!("add_procs: {reached} new peer(s) over {}", state.provider);
         }
         sys::OPAL_SUCCESS
     })
@@ -116,13 +119,13 @@ pub(super) extern "C" fn del_procs(
             return sys::OPAL_SUCCESS;
         }
         // SAFETY: btl is our module; endpoints holds nprocs entries.
-        let (st, eps) = unsafe {
+        let (state, eps) = unsafe {
             (
-                &(*(btl as *mut Module)).st,
+                &(*(btl as *mut Module)).state,
                 std::slice::from_raw_parts(endpoints, nprocs),
             )
         };
-        let mut peers = lock(&st.peers);
+        let mut peers = lock(&state.peers);
         for &e in eps {
             if let Some(pos) = peers
                 .iter()
@@ -148,7 +151,7 @@ pub(super) extern "C" fn register_error(
 ) -> c_int {
     ffi_guard("btl register_error", sys::OPAL_ERROR, || {
         // SAFETY: btl is our module.
-        *lock(unsafe { &(*(btl as *mut Module)).st.error_cb }) = cb;
+        *lock(unsafe { &(*(btl as *mut Module)).state.error_cb }) = cb;
         sys::OPAL_SUCCESS
     })
 }

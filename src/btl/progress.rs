@@ -22,63 +22,68 @@ use std::sync::atomic::Ordering;
 const CQ_ERRORS_LOGGED: u64 = 8;
 
 /// Read and dispatch completions of the module. Returns how many were handled.
-pub(crate) fn progress_module(mp: *mut Module) -> usize {
-    // SAFETY: mp is a live module (in MODULES or the argument of a module entry).
-    let st = unsafe { &(*mp).st };
+pub(crate) fn progress_module(module: *mut Module) -> usize {
+    // SAFETY: module is live (in MODULES or the argument of a module entry).
+    let state = unsafe { &(*module).state };
     // Re-entered from a callback (or running on another thread): the outer call keeps
     // draining, in order.
-    let Some(_serial) = st.in_progress.try_enter() else {
+    let Some(_serial) = state.in_progress.try_enter() else {
         return 0;
     };
     let mut total = 0usize;
-    if let Some(rx) = &st.fbox {
+    if let Some(rx) = &state.fbox {
         // SAFETY: one poller: we hold the serial section.
         let n = unsafe {
-            rx.poll(st.num_cq_read, |tag, p, len| {
-                am::recv::dispatch(mp, tag, p, len)
+            rx.poll(state.num_cq_read, |tag, p, len| {
+                am::recv::dispatch(module, tag, p, len)
             })
         };
         if n > 0 {
-            st.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
+            state.fbox_received.fetch_add(n as u64, Ordering::Relaxed);
             total += n;
         }
-        if st.fbox_queued.load(Ordering::Relaxed) {
-            am::send::drain_fbox(mp);
+        if state.fbox_queued.load(Ordering::Relaxed) {
+            am::send::drain_fbox(module);
         }
     }
-    if st.has_pending.load(Ordering::Relaxed) {
-        am::send::drain_pending(mp);
+    if state.has_pending.load(Ordering::Relaxed) {
+        am::send::drain_pending(module);
     }
-    if st.has_rdma_deferred.load(Ordering::Relaxed) {
-        rdma::post_deferred(mp);
+    if state.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(module);
     }
-    put_by_read::retry_reads(mp);
-    resolve::reissue(mp);
-    if st.unposted.any() {
-        am::recv::post_unposted(st);
+    put_by_read::retry_reads(module);
+    resolve::reissue(module);
+    if state.unposted.any() {
+        am::recv::post_unposted(state);
     }
-    if st.ctxs.len() == 1 {
-        total += progress_cq(mp, st, &st.ctxs[0].cq, st.num_cq_read);
+    if state.ctxs.len() == 1 {
+        total += progress_cq(module, state, &state.ctxs[0].cq, state.num_cq_read);
     } else {
-        for (c, count) in st.ctxs.iter().zip(st.per_ctx.iter()) {
-            let n = progress_cq(mp, st, &c.cq, st.num_cq_read.saturating_sub(total).max(1));
+        for (c, count) in state.ctxs.iter().zip(state.per_ctx.iter()) {
+            let n = progress_cq(
+                module,
+                state,
+                &c.cq,
+                state.num_cq_read.saturating_sub(total).max(1),
+            );
             if n > 0 {
                 count.fetch_add(n as u64, Ordering::Relaxed);
             }
             total += n;
         }
     }
-    if total > 0 && st.has_pending.load(Ordering::Relaxed) {
-        am::send::drain_pending(mp);
+    if total > 0 && state.has_pending.load(Ordering::Relaxed) {
+        am::send::drain_pending(module);
     }
-    if total > 0 && st.has_rdma_deferred.load(Ordering::Relaxed) {
-        rdma::post_deferred(mp);
+    if total > 0 && state.has_rdma_deferred.load(Ordering::Relaxed) {
+        rdma::post_deferred(module);
     }
     total
 }
 
 /// Read and dispatch up to `budget` completions of `cq`, one of the module's.
-fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize) -> usize {
+fn progress_cq(module: *mut Module, state: &State, cq: &CompletionQueue, budget: usize) -> usize {
     let mut total = 0usize;
     const CHUNK: usize = 64;
     // Not cleared: the provider writes the entries it returns (a cleared array cost a
@@ -86,13 +91,13 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
     let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
     loop {
         let want = CHUNK.min(budget - total.min(budget)).max(1);
-        let r = st.fi(|| cq.read_uninit(&mut entries[..want]));
+        let r = state.fi(|| cq.read_uninit(&mut entries[..want]));
         match r {
             Ok(done) => {
                 let n = done.len();
                 for e in done {
                     // SAFETY: every operation we post carries the Ctx of a live op.
-                    unsafe { dispatch(mp, e.op_context, e.len, 0, e.buf, e.flags) };
+                    unsafe { dispatch(module, e.op_context, e.len, 0, e.buf, e.flags) };
                 }
                 total += n;
                 if n < want || total >= budget {
@@ -100,11 +105,12 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                 }
             }
             Err(err) if err == crate::fabric::Error::AVAIL => {
-                let entry = st.fi(|| cq.readerr());
+                let entry = state.fi(|| cq.readerr());
                 match entry {
                     Ok(Some(ce)) => {
-                        let seen = st.cq_errors.fetch_add(1, Ordering::Relaxed);
-                        if !st.closing.load(Ordering::Relaxed) || ce.err != fi::FI_ECANCELED as i32
+                        let seen = state.cq_errors.fetch_add(1, Ordering::Relaxed);
+                        if !state.closing.load(Ordering::Relaxed)
+                            || ce.err != fi::FI_ECANCELED as i32
                         {
                             // The operation's own callback carries the error to ob1 or
                             // osc; this says what it was. A failing peer can produce
@@ -120,7 +126,7 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             log::log!(
                                 level,
                                 "completion error on {} ({what}): {}{}",
-                                st.provider,
+                                state.provider,
                                 cq.strerror(&ce),
                                 if seen + 1 == CQ_ERRORS_LOGGED {
                                     " (further ones are only counted)"
@@ -130,7 +136,9 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
                             );
                         }
                         // SAFETY: as above.
-                        unsafe { dispatch(mp, ce.op_context, ce.len, ce.err, ce.buf, ce.flags) };
+                        unsafe {
+                            dispatch(module, ce.op_context, ce.len, ce.err, ce.buf, ce.flags)
+                        };
                         total += 1;
                     }
                     _ => break,
@@ -138,7 +146,7 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
             }
             Err(err) => {
                 if err != crate::fabric::Error::AGAIN {
-                    log::debug!("fi_cq_read on {}: {err}", st.provider);
+                    log::debug!("fi_cq_read on {}: {err}", state.provider);
                 }
                 break;
             }
@@ -153,7 +161,7 @@ fn progress_cq(mp: *mut Module, st: &State, cq: &CompletionQueue, budget: usize)
 /// # Safety
 /// `ctx` is the context of an operation posted by this module.
 unsafe fn dispatch(
-    mp: *mut Module,
+    module: *mut Module,
     ctx: *mut c_void,
     len: usize,
     err: i32,
@@ -167,9 +175,9 @@ unsafe fn dispatch(
     // SAFETY: forwarded: the kind names the containing operation.
     unsafe {
         match kind {
-            OpKind::Send => am::send::send_complete(mp, ctx, err),
-            OpKind::Recv => am::recv::recv_complete(mp, ctx, len, err, buf, flags),
-            OpKind::Rdma => rdma::rdma_complete(mp, ctx, err),
+            OpKind::Send => am::send::send_complete(module, ctx, err),
+            OpKind::Recv => am::recv::recv_complete(module, ctx, len, err, buf, flags),
+            OpKind::Rdma => rdma::rdma_complete(module, ctx, err),
         }
     }
 }
@@ -178,16 +186,16 @@ unsafe fn dispatch(
 pub fn progress() -> i32 {
     let mut n = 0;
     for slot in &MODULES {
-        let mp = slot.load(Ordering::Acquire);
-        if mp.is_null() {
+        let module = slot.load(Ordering::Acquire);
+        if module.is_null() {
             continue;
         }
-        n += progress_module(mp);
-        // SAFETY: mp is live; sweep closes invalidated registrations from a normal
+        n += progress_module(module);
+        // SAFETY: module is live; sweep closes invalidated registrations from a normal
         // context.
-        let st = unsafe { &(*mp).st };
-        if st.rcache_slots.is_dirty() {
-            if let Ok(mut c) = st.rcache.try_lock() {
+        let state = unsafe { &(*module).state };
+        if state.rcache_slots.is_dirty() {
+            if let Ok(mut c) = state.rcache.try_lock() {
                 c.sweep();
             }
         }
@@ -201,11 +209,11 @@ pub(super) extern "C" fn flush(
     _ep: *mut sys::mca_btl_base_endpoint_t,
 ) -> c_int {
     ffi_guard("btl flush", sys::OPAL_ERROR, || {
-        let mp = btl as *mut Module;
+        let module = btl as *mut Module;
         // SAFETY: btl is our module.
-        let st = unsafe { &(*mp).st };
-        while st.rdma_outstanding.load(Ordering::Acquire) > 0 {
-            if progress_module(mp) == 0 {
+        let state = unsafe { &(*module).state };
+        while state.rdma_outstanding.load(Ordering::Acquire) > 0 {
+            if progress_module(module) == 0 {
                 // Another thread (or an outer frame) may be progressing: let Open MPI run.
                 // SAFETY: plain call.
                 unsafe { sys::opal_progress() };

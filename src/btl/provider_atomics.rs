@@ -127,15 +127,15 @@ pub(crate) extern "C" fn btl_atomic_op(
             operand,
             0,
             None,
-            |st, o, _desc, dest, raddr, key| {
+            |state, o, _desc, dest, raddr, key| {
                 // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
                 // are the 32-bit value) until the completion.
                 let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                st.fi(|| {
+                state.fi(|| {
                     // SAFETY: the operand lives in the op until the completion; the endpoint
                     // is open and calls are serialised by fi.
                     posted(unsafe {
-                        if st.delivery {
+                        if state.delivery {
                             // Like a put, a non-fetching atomic completes when it has been
                             // applied at the target (osc rdma flushes and unlocks on it).
                             let ioc = fi::fi_ioc {
@@ -161,13 +161,13 @@ pub(crate) extern "C" fn btl_atomic_op(
                                 data: 0,
                             };
                             fi::fi_atomicmsg(
-                                st.tx().as_ptr(),
+                                state.tx().as_ptr(),
                                 &msg,
                                 (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
                             )
                         } else {
                             fi::fi_atomic(
-                                st.tx().as_ptr(),
+                                state.tx().as_ptr(),
                                 buf,
                                 1,
                                 ptr::null_mut(),
@@ -231,15 +231,15 @@ pub(crate) extern "C" fn btl_atomic_fop(
             operand,
             0,
             None,
-            |st, o, desc, dest, raddr, key| {
+            |state, o, desc, dest, raddr, key| {
                 // SAFETY: operand in the op, result in the caller's registered buffer; both
                 // live until the completion.
                 let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                st.fi(|| {
+                state.fi(|| {
                     // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                     posted(unsafe {
                         fi::fi_fetch_atomic(
-                            st.tx().as_ptr(),
+                            state.tx().as_ptr(),
                             buf,
                             1,
                             ptr::null_mut(),
@@ -311,7 +311,7 @@ pub(crate) extern "C" fn btl_atomic_cswap(
             value,
             compare,
             None,
-            |st, o, desc, dest, raddr, key| {
+            |state, o, desc, dest, raddr, key| {
                 // SAFETY: value and compare live in the op, the result in the caller's
                 // registered buffer, until the completion.
                 let (buf, cmp) = unsafe {
@@ -320,11 +320,11 @@ pub(crate) extern "C" fn btl_atomic_cswap(
                         &raw const (*o).compare as *const c_void,
                     )
                 };
-                st.fi(|| {
+                state.fi(|| {
                     // SAFETY: see above; the endpoint is open and calls are serialised by fi.
                     posted(unsafe {
                         fi::fi_compare_atomic(
-                            st.tx().as_ptr(),
+                            state.tx().as_ptr(),
                             buf,
                             1,
                             ptr::null_mut(),

@@ -99,7 +99,7 @@ static HAS_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// until the completion callback).
 pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
     let super::rdma::Req {
-        mp,
+        mp: module,
         endpoint,
         local_address,
         local_handle,
@@ -113,10 +113,10 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
     if endpoint.is_null() || remote_handle.is_null() || local_address.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let key = handle.key;
-    let Some(reg) = super::registration::register(st, local_address, size) else {
+    let Some(reg) = super::registration::register(state, local_address, size) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
     // SAFETY: reg is the live registration just made.
@@ -134,7 +134,7 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
     lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
-            mp,
+            mp: module,
             endpoint,
             local_address,
             local_handle,
@@ -145,18 +145,18 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
             reg,
         },
     );
-    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let rc = send(mp, endpoint, TAG_PUT, &req.encode());
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let rc = send(module, endpoint, TAG_PUT, &req.encode());
     if rc != sys::OPAL_SUCCESS {
-        st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+        state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if let Some(p) = lock(&PENDING).as_mut() {
             p.remove(&id);
         }
         // SAFETY: made above; nothing reads it (the request was not sent).
-        unsafe { super::registration::deregister(st, reg) };
+        unsafe { super::registration::deregister(state, reg) };
         return rc;
     }
-    st.ops[0].fetch_add(1, Ordering::Relaxed);
+    state.ops[0].fetch_add(1, Ordering::Relaxed);
     sys::OPAL_SUCCESS
 }
 
@@ -169,35 +169,38 @@ struct PutRead {
 /// A put request arrived (called from the receive path for [`TAG_PUT`]).
 ///
 /// # Safety
-/// `mp` is the live module; `payload` holds `len` received bytes.
-pub unsafe fn on_message(mp: *mut Module, payload: *const u8, len: usize) {
+/// `module` is live; `payload` holds `len` received bytes.
+pub unsafe fn on_message(module: *mut Module, payload: *const u8, len: usize) {
     // SAFETY: caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
-    on_put(mp, bytes);
+    on_put(module, bytes);
 }
 
 /// A put request arrived: check it, read its data (or defer the read), or answer
 /// with an error.
-fn on_put(mp: *mut Module, bytes: &[u8]) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+fn on_put(module: *mut Module, bytes: &[u8]) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let req = match PutRequest::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
-            log::warn!("dropping a malformed put request on {}: {e}", st.provider);
+            log::warn!(
+                "dropping a malformed put request on {}: {e}",
+                state.provider
+            );
             return;
         }
     };
-    let Some(ep) = origin_ep(mp, req.origin) else {
+    let Some(ep) = origin_ep(module, req.origin) else {
         log::warn!(
             "dropping a put request from an unknown process ({}, {}) on {}",
             req.origin.0,
             req.origin.1,
-            st.provider
+            state.provider
         );
         return;
     };
-    if !range_ok(mp, req.key, req.addr, req.len) {
+    if !range_ok(module, req.key, req.addr, req.len) {
         log::warn!(
             "refusing a put to {:#x} (key {:#x}, {} bytes) from process {}: not in a registered region",
             req.addr,
@@ -205,20 +208,20 @@ fn on_put(mp: *mut Module, bytes: &[u8]) {
             req.len,
             req.origin.1
         );
-        answer(mp, ep, req.id, sys::OPAL_ERR_BAD_PARAM);
+        answer(module, ep, req.id, sys::OPAL_ERR_BAD_PARAM);
         return;
     }
-    read_for(mp, ep, req);
+    read_for(module, ep, req);
 }
 
 /// Post the read of put request `req` from `ep`; defer it when the provider pushes
 /// back, answer with the error when it fails.
-fn read_for(mp: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
+fn read_for(module: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
     let ctx = Box::into_raw(Box::new(PutRead { ep, id: req.id }));
     // (src is already relative to the origin's registration.)
     let handle = Handle::unchecked(req.src_key, 0);
     let rc = super::rdma::btl_get(
-        mp as *mut sys::mca_btl_base_module_t,
+        module as *mut sys::mca_btl_base_module_t,
         ep as *mut sys::mca_btl_base_endpoint_t,
         req.addr as *mut c_void,
         req.src,
@@ -237,45 +240,45 @@ fn read_for(mp: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
     // SAFETY: not posted: still ours.
     drop(unsafe { Box::from_raw(ctx) });
     if rc == sys::OPAL_ERR_OUT_OF_RESOURCE {
-        lock(&DEFERRED).push((mp as usize, ep as usize, req));
+        lock(&DEFERRED).push((module as usize, ep as usize, req));
         HAS_DEFERRED.store(true, Ordering::Release);
     } else {
-        answer(mp, ep, req.id, rc);
+        answer(module, ep, req.id, rc);
     }
 }
 
-/// Post the reads deferred on module `mp` (from its progress).
-pub fn retry_reads(mp: *mut Module) {
+/// Post the reads deferred on `module` (from its progress).
+pub fn retry_reads(module: *mut Module) {
     if !HAS_DEFERRED.load(Ordering::Acquire) {
         return;
     }
     let mine: Vec<(usize, usize, PutRequest)> = {
         let mut d = lock(&DEFERRED);
-        let (mine, rest) = d.drain(..).partition(|&(m, _, _)| m == mp as usize);
+        let (mine, rest) = d.drain(..).partition(|&(m, _, _)| m == module as usize);
         *d = rest;
         HAS_DEFERRED.store(!d.is_empty(), Ordering::Release);
         mine
     };
     for (_, ep, req) in mine {
-        read_for(mp, ep as *mut super::module::PeerEp, req);
+        read_for(module, ep as *mut super::module::PeerEp, req);
     }
 }
 
-/// Drop the deferred reads of module `mp` (finalize).
-pub fn forget_module(mp: *mut Module) {
-    lock(&DEFERRED).retain(|&(m, _, _)| m != mp as usize);
+/// Drop the deferred reads of `module` (finalize).
+pub fn forget_module(module: *mut Module) {
+    lock(&DEFERRED).retain(|&(m, _, _)| m != module as usize);
 }
 
 /// Answer put request `id` of `ep` with `status`.
-fn answer(mp: *mut Module, ep: *mut super::module::PeerEp, id: u64, status: c_int) {
+fn answer(module: *mut Module, ep: *mut super::module::PeerEp, id: u64, status: c_int) {
     let rep = Reply { id, old: 0, status };
-    let rc = send(mp, ep as *mut _, TAG_REP, &rep.encode());
+    let rc = send(module, ep as *mut _, TAG_REP, &rep.encode());
     if rc != sys::OPAL_SUCCESS {
-        // SAFETY: mp is live.
-        let st = unsafe { &(*mp).st };
+        // SAFETY: module is live.
+        let state = unsafe { &(*module).state };
         log::error!(
             "cannot answer a put request on {} ({rc}): the initiator will wait",
-            st.provider
+            state.provider
         );
     }
 }

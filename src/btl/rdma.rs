@@ -67,7 +67,7 @@ pub const WRITE_HEADROOM: usize = 256;
 ///
 /// # Safety
 /// `ctx` is the Ctx of a live RdmaOp of this module.
-pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
+pub unsafe fn rdma_complete(module: *mut Module, ctx: *mut c_void, err: i32) {
     // SAFETY: Ctx is RdmaOp's first field; the op came from Box::into_raw.
     let op = unsafe { Box::from_raw(ctx as *mut RdmaOp) };
     if !op.whole.is_null() {
@@ -81,15 +81,15 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         if whole.parts.fetch_sub(1, Ordering::AcqRel) == 1 {
             let err = whole.part_err.load(Ordering::Acquire);
             // SAFETY: the last part: the whole put is complete, and ours to finish.
-            unsafe { rdma_complete(mp, op.whole as *mut c_void, err) };
+            unsafe { rdma_complete(module, op.whole as *mut c_void, err) };
         }
         return;
     }
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     if !op.temp.is_null() {
         // SAFETY: a registration we made for this operation.
-        unsafe { deregister(st, op.temp) };
+        unsafe { deregister(state, op.temp) };
     }
     let status = if err == 0 {
         sys::OPAL_SUCCESS
@@ -100,7 +100,7 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         // SAFETY: the caller's callback with its own arguments.
         unsafe {
             cb(
-                mp as *mut _,
+                module as *mut _,
                 op.endpoint,
                 op.local_address,
                 op.local_handle,
@@ -110,7 +110,7 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
             )
         };
     }
-    st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+    state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// One-sided operations posted (`State::ops`), the provider's and the emulated alike.
@@ -162,8 +162,8 @@ pub(super) fn run(
     defer: Option<Dir>,
     post: impl Fn(&State, *mut RdmaOp, *mut c_void, fi::fi_addr_t, u64, u64) -> Result<(), Error>,
 ) -> c_int {
-    // SAFETY: mp is our module.
-    let st = unsafe { &(*r.mp).st };
+    // SAFETY: module is ours.
+    let state = unsafe { &(*r.mp).state };
     if r.endpoint.is_null() || r.remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
@@ -171,12 +171,12 @@ pub(super) fn run(
     let dest = unsafe { (*(r.endpoint as *mut PeerEp)).addr };
     let rh = r.handle;
     let raddr = r.remote_address.wrapping_sub(rh.base);
-    let dest = st.to(dest);
+    let dest = state.to(dest);
     let mut temp = ptr::null_mut();
     // SAFETY: local_handle is null or ours.
     let mut desc = unsafe { local_desc(r.local_handle) };
-    if desc.is_null() && st.mr_local && local_len > 0 && !r.local_address.is_null() {
-        match register(st, r.local_address, local_len) {
+    if desc.is_null() && state.mr_local && local_len > 0 && !r.local_address.is_null() {
+        match register(state, r.local_address, local_len) {
             Some(t) => {
                 temp = t;
                 // SAFETY: t is a live registration.
@@ -200,7 +200,7 @@ pub(super) fn run(
         parts: AtomicUsize::new(0),
         part_err: AtomicI32::new(0),
     }));
-    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
     let deferred = |dir| Deferred {
         op,
         dir,
@@ -212,38 +212,41 @@ pub(super) fn run(
         key: rh.key,
     };
     // Behind operations already deferred, in order.
-    if let Some(dir) = defer.filter(|_| st.has_rdma_deferred.load(Ordering::Relaxed)) {
-        defer_op(st, deferred(dir), false);
-        st.ops[kind].fetch_add(1, Ordering::Relaxed);
+    if let Some(dir) = defer.filter(|_| state.has_rdma_deferred.load(Ordering::Relaxed)) {
+        defer_op(state, deferred(dir), false);
+        state.ops[kind].fetch_add(1, Ordering::Relaxed);
         return sys::OPAL_SUCCESS;
     }
-    let mut res = post(st, op, desc, dest, raddr, rh.key);
+    let mut res = post(state, op, desc, dest, raddr, rh.key);
     if res == Err(Error::AGAIN) {
         progress_module(r.mp);
-        res = post(st, op, desc, dest, raddr, rh.key);
+        res = post(state, op, desc, dest, raddr, rh.key);
     }
     if let (Err(Error::AGAIN), Some(dir)) = (res, defer) {
-        defer_op(st, deferred(dir), false);
+        defer_op(state, deferred(dir), false);
         res = Ok(());
     }
     match res {
         Ok(()) => {
-            st.ops[kind].fetch_add(1, Ordering::Relaxed);
-            st.maybe_progress(r.mp);
+            state.ops[kind].fetch_add(1, Ordering::Relaxed);
+            state.maybe_progress(r.mp);
             sys::OPAL_SUCCESS
         }
         Err(e) => {
-            st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+            state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
             // SAFETY: not posted: still ours.
             let op = unsafe { Box::from_raw(op) };
             if !op.temp.is_null() {
                 // SAFETY: made above, unused.
-                unsafe { deregister(st, op.temp) };
+                unsafe { deregister(state, op.temp) };
             }
             if e == Error::AGAIN {
                 sys::OPAL_ERR_OUT_OF_RESOURCE
             } else {
-                log::warn!("posting an RDMA/atomic operation on {}: {e}", st.provider);
+                log::warn!(
+                    "posting an RDMA/atomic operation on {}: {e}",
+                    state.provider
+                );
                 e.to_opal()
             }
         }
@@ -272,29 +275,29 @@ pub struct Deferred {
 }
 
 /// Queue `d` (at the front: `front`, when it was the queue's head).
-fn defer_op(st: &State, d: Deferred, front: bool) {
-    let mut q = lock(&st.rdma_deferred);
+fn defer_op(state: &State, d: Deferred, front: bool) {
+    let mut q = lock(&state.rdma_deferred);
     if front {
         q.push_front(d);
     } else {
-        st.rdma_deferrals.fetch_add(1, Ordering::Relaxed);
+        state.rdma_deferrals.fetch_add(1, Ordering::Relaxed);
         q.push_back(d);
     }
-    st.has_rdma_deferred.store(true, Ordering::Relaxed);
+    state.has_rdma_deferred.store(true, Ordering::Relaxed);
 }
 
-/// Post the deferred operations of module `mp` in order, until the provider refuses
+/// Post the deferred operations of `module` in order, until the provider refuses
 /// one again. Called from the module's progress (serialized); an operation that
 /// fails otherwise completes through its callback with the error.
-pub(super) fn post_deferred(mp: *mut Module) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+pub(super) fn post_deferred(module: *mut Module) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     loop {
         let Some(d) = ({
-            let mut q = lock(&st.rdma_deferred);
+            let mut q = lock(&state.rdma_deferred);
             let d = q.pop_front();
             if q.is_empty() {
-                st.has_rdma_deferred.store(false, Ordering::Relaxed);
+                state.has_rdma_deferred.store(false, Ordering::Relaxed);
             }
             d
         }) else {
@@ -302,21 +305,24 @@ pub(super) fn post_deferred(mp: *mut Module) {
         };
         // SAFETY: the operation's buffers and regions stay valid until its completion
         // (the BTL contract), and op is ours until then.
-        let res = st.fi(|| unsafe {
+        let res = state.fi(|| unsafe {
             rma(
-                st, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
+                state, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
             )
         });
         match res {
             Ok(()) => {}
             Err(Error::AGAIN) => {
-                defer_op(st, d, true);
+                defer_op(state, d, true);
                 return;
             }
             Err(e) => {
-                log::warn!("posting a deferred RDMA operation on {}: {e}", st.provider);
+                log::warn!(
+                    "posting a deferred RDMA operation on {}: {e}",
+                    state.provider
+                );
                 // SAFETY: never posted: ours to complete, once.
-                unsafe { rdma_complete(mp, ctx_of(d.op), e.0) };
+                unsafe { rdma_complete(module, ctx_of(d.op), e.0) };
             }
         }
     }
@@ -324,15 +330,15 @@ pub(super) fn post_deferred(mp: *mut Module) {
 
 /// Free the deferred operations of a module being destroyed (Open MPI no longer
 /// waits for their callbacks).
-pub(super) fn discard_deferred(st: &State) {
-    let q = std::mem::take(&mut *lock(&st.rdma_deferred));
-    st.has_rdma_deferred.store(false, Ordering::Relaxed);
+pub(super) fn discard_deferred(state: &State) {
+    let q = std::mem::take(&mut *lock(&state.rdma_deferred));
+    state.has_rdma_deferred.store(false, Ordering::Relaxed);
     for d in q {
         // SAFETY: never posted: the operation is ours.
         let op = unsafe { Box::from_raw(d.op) };
         if !op.temp.is_null() {
             // SAFETY: a registration made for this operation only.
-            unsafe { deregister(st, op.temp) };
+            unsafe { deregister(state, op.temp) };
         }
     }
 }
@@ -374,37 +380,45 @@ pub(crate) extern "C" fn btl_put(
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Put { size }) {
             return rc;
         }
-        let mp = btl as *mut Module;
+        let module = btl as *mut Module;
         // SAFETY: btl is our module.
-        let st = unsafe { &(*mp).st };
-        if size > st.write_max.max(PUT_BY_READ_MIN) && st.put_by_read {
-            // SAFETY: mp is our module; the rest is the caller's put.
+        let state = unsafe { &(*module).state };
+        if size > state.write_max.max(PUT_BY_READ_MIN) && state.put_by_read {
+            // SAFETY: module is ours; the rest is the caller's put.
             return unsafe { super::put_by_read::post(r, size) };
         }
-        let defer = (size <= st.write_max).then_some(Dir::Write);
-        run(r, 0, size, 0, 0, defer, |st, op, desc, dest, raddr, key| {
-            if size > st.write_max {
-                // SAFETY: as for one write, below.
-                return unsafe {
-                    put_in_parts(mp, op, local_address, size, desc, dest, raddr, key)
-                };
-            }
-            // SAFETY: the local buffer and the remote region stay valid until the
-            // completion (the BTL contract); op lives until then.
-            st.fi(|| unsafe {
-                rma(
-                    st,
-                    Dir::Write,
-                    local_address,
-                    size,
-                    desc,
-                    dest,
-                    raddr,
-                    key,
-                    op,
-                )
-            })
-        })
+        let defer = (size <= state.write_max).then_some(Dir::Write);
+        run(
+            r,
+            0,
+            size,
+            0,
+            0,
+            defer,
+            |state, op, desc, dest, raddr, key| {
+                if size > state.write_max {
+                    // SAFETY: as for one write, below.
+                    return unsafe {
+                        put_in_parts(module, op, local_address, size, desc, dest, raddr, key)
+                    };
+                }
+                // SAFETY: the local buffer and the remote region stay valid until the
+                // completion (the BTL contract); op lives until then.
+                state.fi(|| unsafe {
+                    rma(
+                        state,
+                        Dir::Write,
+                        local_address,
+                        size,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        op,
+                    )
+                })
+            },
+        )
     })
 }
 
@@ -422,7 +436,7 @@ pub(super) enum Dir {
 /// completion; `op` lives until then.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rma(
-    st: &State,
+    state: &State,
     dir: Dir,
     local: *mut c_void,
     len: usize,
@@ -440,12 +454,12 @@ unsafe fn rma(
     // single copy: 64 KiB gets took 13 to 14 us against 3.8 to 5.4, 1 MiB 131 to 183
     // against 63 to 91, and ob1 streamed 1 MiB messages at 7 to 9 GB/s against 16 to
     // 18 (and met -FI_EAGAIN on 9 gets in 10).
-    let flags = if st.delivery && dir == Dir::Write {
+    let flags = if state.delivery && dir == Dir::Write {
         fi::FI_DELIVERY_COMPLETE as u64
     } else {
         0
     };
-    let tx = st.tx();
+    let tx = state.tx();
     // SAFETY: forwarded.
     unsafe {
         match (dir, flags) {
@@ -466,7 +480,7 @@ unsafe fn rma(
 /// As for [`rma`], for `size` bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn put_in_parts(
-    mp: *mut Module,
+    module: *mut Module,
     op: *mut RdmaOp,
     local: *mut c_void,
     size: usize,
@@ -475,9 +489,9 @@ unsafe fn put_in_parts(
     raddr: u64,
     key: u64,
 ) -> Result<(), Error> {
-    // SAFETY: mp is our module.
-    let st = unsafe { &(*mp).st };
-    let step = st.write_max;
+    // SAFETY: module is ours.
+    let state = unsafe { &(*module).state };
+    let step = state.write_max;
     let n = size.div_ceil(step);
     // SAFETY: op is ours and not posted; parts count down from n before any can
     // complete.
@@ -505,12 +519,12 @@ unsafe fn put_in_parts(
         let raddr = raddr.wrapping_add(off as u64);
         let res = loop {
             // SAFETY: the caller's contract, for this part.
-            let res =
-                st.fi(|| unsafe { rma(st, Dir::Write, local, len, desc, dest, raddr, key, part) });
+            let res = state
+                .fi(|| unsafe { rma(state, Dir::Write, local, len, desc, dest, raddr, key, part) });
             if res != Err(Error::AGAIN) || i == 0 {
                 break res;
             }
-            progress_module(mp);
+            progress_module(module);
         };
         if let Err(e) = res {
             // SAFETY: not posted: still ours.
@@ -519,7 +533,10 @@ unsafe fn put_in_parts(
                 // Nothing posted: the caller frees op (and retries on AGAIN).
                 return Err(e);
             }
-            log::warn!("posting part {i} of {n} of a put on {}: {e}", st.provider);
+            log::warn!(
+                "posting part {i} of {n} of a put on {}: {e}",
+                state.provider
+            );
             // SAFETY: op lives until its last posted part completes; the parts not
             // posted are taken off its count (which may make this the last).
             unsafe {
@@ -529,7 +546,7 @@ unsafe fn put_in_parts(
                         .part_err
                         .compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Relaxed);
                 if whole.parts.fetch_sub(n - i, Ordering::AcqRel) == n - i {
-                    rdma_complete(mp, op as *mut c_void, e.0);
+                    rdma_complete(module, op as *mut c_void, e.0);
                 }
             }
             return Ok(());
@@ -575,11 +592,11 @@ pub(crate) extern "C" fn btl_get(
             0,
             0,
             Some(Dir::Read),
-            |st, op, desc, dest, raddr, key| {
+            |state, op, desc, dest, raddr, key| {
                 // SAFETY: as in put.
-                st.fi(|| unsafe {
+                state.fi(|| unsafe {
                     rma(
-                        st,
+                        state,
                         Dir::Read,
                         local_address,
                         size,

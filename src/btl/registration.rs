@@ -123,13 +123,13 @@ pub struct Registration {
 }
 
 /// Register (or find in the cache) `[base, base + len)`.
-pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
-    let mut cache = lock(&st.rcache);
-    let virt = st.virt_addr;
-    let res = cache.acquire(base as usize, len, st.mr_access, |b, l| {
+pub(super) fn register(state: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
+    let mut cache = lock(&state.rcache);
+    let virt = state.virt_addr;
+    let res = cache.acquire(base as usize, len, state.mr_access, |b, l| {
         // SAFETY: Open MPI registers memory it keeps mapped until deregister_mem; a
         // release of it before then invalidates the entry (release callback).
-        unsafe { st.register(b as *const c_void, l) }
+        unsafe { state.register(b as *const c_void, l) }
     });
     let reg = match res {
         Ok(Acquired::Cached(i, mr)) => Registration {
@@ -151,7 +151,7 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
         Err(e) => {
             log::warn!(
                 "fi_mr_reg of {len} bytes at {base:p} on {}: {e}",
-                st.provider
+                state.provider
             );
             return None;
         }
@@ -159,19 +159,19 @@ pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut
     let outside = (reg.ticket == Ticket::Uncached).then_some(reg.handle);
     let r = Box::into_raw(Box::new(reg));
     if let Some(h) = outside {
-        lock(&st.outside).insert(r as usize, h);
+        lock(&state.outside).insert(r as usize, h);
     }
     Some(r)
 }
 
 /// The handle of a live registration of this module covering `[addr, addr + len)`:
 /// a cache entry, or one made outside the cache (a find request, `resolve`).
-pub(super) fn live_handle(st: &State, addr: u64, len: usize) -> Option<Handle> {
-    let cached = lock(&st.rcache)
+pub(super) fn live_handle(state: &State, addr: u64, len: usize) -> Option<Handle> {
+    let cached = lock(&state.rcache)
         .find(addr as usize, len)
-        .map(|mr| Handle::of(mr, st.virt_addr));
+        .map(|mr| Handle::of(mr, state.virt_addr));
     cached.or_else(|| {
-        lock(&st.outside)
+        lock(&state.outside)
             .values()
             .find(|h| h.covers(addr, len))
             .copied()
@@ -182,16 +182,16 @@ pub(super) fn live_handle(st: &State, addr: u64, len: usize) -> Option<Handle> {
 ///
 /// # Safety
 /// `r` came from [`register`] and is no longer used by any operation.
-pub(super) unsafe fn deregister(st: &State, r: *mut Registration) {
+pub(super) unsafe fn deregister(state: &State, r: *mut Registration) {
     // SAFETY: caller's contract.
     let reg = unsafe { Box::from_raw(r) };
     match reg.ticket {
         Ticket::Cached(i) => {
-            let closed = lock(&st.rcache).release(i);
+            let closed = lock(&state.rcache).release(i);
             drop(closed);
         }
         Ticket::Uncached => {
-            lock(&st.outside).remove(&(r as usize));
+            lock(&state.outside).remove(&(r as usize));
         }
     }
     drop(reg);
@@ -206,9 +206,9 @@ pub(crate) extern "C" fn btl_register_mem(
 ) -> *mut sys::mca_btl_base_registration_handle_t {
     ffi_guard("btl register_mem", ptr::null_mut(), || {
         // SAFETY: btl is our module.
-        let st = unsafe { &(*(btl as *mut Module)).st };
-        register(st, base, size).map_or(ptr::null_mut(), |r| {
-            if st.serves_requests() {
+        let state = unsafe { &(*(btl as *mut Module)).state };
+        register(state, base, size).map_or(ptr::null_mut(), |r| {
+            if state.serves_requests() {
                 // SAFETY: r is the live registration just made.
                 let key = unsafe { (*r).handle.key };
                 super::amo::note_region(btl as *mut Module, key, base as usize, size);
@@ -225,15 +225,15 @@ pub(crate) extern "C" fn btl_deregister_mem(
     ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
         if !h.is_null() {
             // SAFETY: btl is our module; h came from our register_mem.
-            let st = unsafe { &(*(btl as *mut Module)).st };
+            let state = unsafe { &(*(btl as *mut Module)).state };
             let r = h as *mut Registration;
-            if st.serves_requests() {
+            if state.serves_requests() {
                 // SAFETY: r is live until deregister below.
                 let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
                 super::amo::forget_region(btl as *mut Module, key, base, len);
             }
             // SAFETY: h came from our register_mem.
-            unsafe { deregister(st, r) };
+            unsafe { deregister(state, r) };
         }
         sys::OPAL_SUCCESS
     })

@@ -213,7 +213,7 @@ pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
         return None;
     }
     // SAFETY: r.mp is our live module.
-    let st = unsafe { &(*r.mp).st };
+    let st = unsafe { &(*r.mp).state };
     if !st.two_sided {
         // No active messages to ask with: the provider decides.
         return None;
@@ -258,7 +258,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
     // SAFETY: caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
     // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+    let st = unsafe { &(*mp).state };
     if tag == TAG_FIND {
         let req = match Find::decode(bytes) {
             Ok(r) => r,
@@ -364,7 +364,7 @@ pub(super) fn reissue(mp: *mut Module) {
             return;
         }
         // SAFETY: mp is live.
-        let st = unsafe { &(*mp).st };
+        let st = unsafe { &(*mp).state };
         st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if rc != sys::OPAL_SUCCESS {
             let r = held.r;

@@ -38,21 +38,25 @@ pub(super) extern "C" fn finalize_cb(btl: *mut sys::mca_btl_base_module_t) -> c_
 /// Free a module that was never published.
 ///
 /// # Safety
-/// `mp` came from `Box::into_raw` and nobody else uses it.
-pub(super) unsafe fn destroy(mp: *mut Module) {
+/// `module` came from `Box::into_raw` and nobody else uses it.
+pub(super) unsafe fn destroy(module: *mut Module) {
     // SAFETY: forwarded contract.
-    let mut module = unsafe { Box::from_raw(mp) };
-    amo::forget_module(mp);
-    put_by_read::forget_module(mp);
-    resolve::forget_module(mp);
-    let st = &mut module.st;
-    st.closing.store(true, Ordering::Release);
-    if let Some(id) = st.rcache_sub.take() {
+    let mut owned = unsafe { Box::from_raw(module) };
+    amo::forget_module(module);
+    put_by_read::forget_module(module);
+    resolve::forget_module(module);
+    let state = &mut owned.state;
+    state.closing.store(true, Ordering::Release);
+    if let Some(id) = state.rcache_sub.take() {
         release::unsubscribe(id);
     }
-    let stats = lock(&st.rcache).stats();
+    let stats = lock(&state.rcache).stats();
     log::info!("registration cache: {stats}");
-    let ops: Vec<u64> = st.ops.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let ops: Vec<u64> = state
+        .ops
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .collect();
     log::info!(
         "finalize: {} puts, {} gets, {} atomics, {} fetching atomics, {} compare-and-swaps; {} completion errors, \
          {} received fragments dropped, {} assembled from pieces, {} gets and puts deferred on \
@@ -62,18 +66,18 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
         ops[2],
         ops[3],
         ops[4],
-        st.cq_errors.load(Ordering::Relaxed),
-        st.bad_fragments.load(Ordering::Relaxed),
-        st.assembled.load(Ordering::Relaxed),
-        st.rdma_deferrals.load(Ordering::Relaxed),
-        st.send_outstanding.load(Ordering::Relaxed),
-        st.rdma_outstanding.load(Ordering::Relaxed)
+        state.cq_errors.load(Ordering::Relaxed),
+        state.bad_fragments.load(Ordering::Relaxed),
+        state.assembled.load(Ordering::Relaxed),
+        state.rdma_deferrals.load(Ordering::Relaxed),
+        state.send_outstanding.load(Ordering::Relaxed),
+        state.rdma_outstanding.load(Ordering::Relaxed)
     );
-    if st.fbox.is_some() {
+    if state.fbox.is_some() {
         log::info!(
             "fast boxes: {} fragments sent, {} received",
-            fbox_sent_of(st),
-            st.fbox_received.load(Ordering::Relaxed)
+            fbox_sent_of(state),
+            state.fbox_received.load(Ordering::Relaxed)
         );
     }
     let held = resolve::HELD_OPS.load(Ordering::Relaxed);
@@ -84,8 +88,8 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
             resolve::FOUND_OPS.load(Ordering::Relaxed)
         );
     }
-    if !st.per_ctx.is_empty() {
-        let counts: Vec<u64> = st
+    if !state.per_ctx.is_empty() {
+        let counts: Vec<u64> = state
             .per_ctx
             .iter()
             .map(|n| n.load(Ordering::Relaxed))
@@ -93,20 +97,20 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
         log::info!("completions per scalable-endpoint context: {counts:?}");
     }
     // The endpoint first (it cancels the posted receives), then the memory behind them.
-    let recv_bufs = std::mem::take(&mut *lock(&st.recv_bufs));
-    let frags = std::mem::take(&mut *lock(&st.frags));
-    let pending = std::mem::take(&mut *lock(&st.pending));
-    let fbox_queue = std::mem::take(&mut *lock(&st.fbox_queue));
-    let peers = std::mem::take(&mut *lock(&st.peers));
-    rdma::discard_deferred(st);
-    lock(&st.rcache).clear();
+    let recv_bufs = std::mem::take(&mut *lock(&state.recv_bufs));
+    let frags = std::mem::take(&mut *lock(&state.frags));
+    let pending = std::mem::take(&mut *lock(&state.pending));
+    let fbox_queue = std::mem::take(&mut *lock(&state.fbox_queue));
+    let peers = std::mem::take(&mut *lock(&state.peers));
+    rdma::discard_deferred(state);
+    lock(&state.rcache).clear();
     let State {
         ep,
         ctxs,
         av,
         domain,
         ..
-    } = module.st;
+    } = owned.state;
     // A scalable endpoint's contexts before the endpoint; CQs after what reports to
     // them (each endpoint keeps its CQ alive).
     drop(ctxs);
@@ -131,10 +135,10 @@ pub(super) unsafe fn destroy(mp: *mut Module) {
 /// is still in flight.
 pub fn finalize() {
     for slot in &MODULES {
-        let mp = slot.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !mp.is_null() {
+        let module = slot.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !module.is_null() {
             // SAFETY: unpublished above; Open MPI no longer calls the module.
-            unsafe { destroy(mp) };
+            unsafe { destroy(module) };
         }
     }
     // The module array itself is freed by Open MPI's btl base.

@@ -59,11 +59,11 @@ pub struct RecvBuf {
 
 /// A fresh or recycled fragment with room for `cap` payload bytes (`cap` at most the
 /// module's fragment size).
-pub(in crate::btl) fn get_frag(st: &State) -> Option<*mut Frag> {
-    if let Some(f) = lock(&st.frags).pop() {
+pub(in crate::btl) fn get_frag(state: &State) -> Option<*mut Frag> {
+    if let Some(f) = lock(&state.frags).pop() {
         return Some(f);
     }
-    let cap = st.frag_payload;
+    let cap = state.frag_payload;
     // Zeroed, once per fragment: what goes on the wire must not carry old heap
     // contents to the peer, and not everything does get written per send (the padding
     // of ob1's headers; valgrind: "sendmsg points to uninitialised bytes").
@@ -72,12 +72,12 @@ pub(in crate::btl) fn get_frag(st: &State) -> Option<*mut Frag> {
     if buf.is_null() {
         return None;
     }
-    let mr = if st.mr_local {
+    let mr = if state.mr_local {
         // SAFETY: buf lives as long as the fragment (freed after the region).
-        match unsafe { st.register(buf as *const c_void, HDR + cap) } {
+        match unsafe { state.register(buf as *const c_void, HDR + cap) } {
             Ok(m) => Some(m),
             Err(e) => {
-                log::warn!("registering a fragment buffer on {}: {e}", st.provider);
+                log::warn!("registering a fragment buffer on {}: {e}", state.provider);
                 // SAFETY: allocated above.
                 unsafe { libc::free(buf as *mut c_void) };
                 return None;
@@ -114,26 +114,26 @@ pub(in crate::btl) unsafe fn prime(
 ) {
     // SAFETY: caller's contract.
     unsafe {
-        let fr = &mut *f;
-        fr.endpoint = ep as *mut PeerEp;
-        fr.segment.seg_addr.pval = fr.buf.add(HDR) as *mut c_void;
-        fr.segment.seg_len = len as u64;
-        fr.base.des_segments = &mut fr.segment;
-        fr.base.des_segment_count = 1;
-        fr.base.des_cbfunc = None;
-        fr.base.des_cbdata = ptr::null_mut();
-        fr.base.des_context = ptr::null_mut();
-        fr.base.des_flags = flags;
-        fr.base.order = order;
-        fr.ctx = Ctx::new(OpKind::Send);
-        fr.sent = 0;
-        fr.piece_id = 0;
+        let frag = &mut *f;
+        frag.endpoint = ep as *mut PeerEp;
+        frag.segment.seg_addr.pval = frag.buf.add(HDR) as *mut c_void;
+        frag.segment.seg_len = len as u64;
+        frag.base.des_segments = &mut frag.segment;
+        frag.base.des_segment_count = 1;
+        frag.base.des_cbfunc = None;
+        frag.base.des_cbdata = ptr::null_mut();
+        frag.base.des_context = ptr::null_mut();
+        frag.base.des_flags = flags;
+        frag.base.order = order;
+        frag.ctx = Ctx::new(OpKind::Send);
+        frag.sent = 0;
+        frag.piece_id = 0;
     }
 }
 
 /// Return a fragment to the free list.
-pub(super) fn put_frag(st: &State, f: *mut Frag) {
-    lock(&st.frags).push(f);
+pub(super) fn put_frag(state: &State, f: *mut Frag) {
+    lock(&state.frags).push(f);
 }
 
 /// Free a fragment's memory (finalize).
@@ -143,9 +143,9 @@ pub(super) fn put_frag(st: &State, f: *mut Frag) {
 pub unsafe fn free_frag_memory(f: *mut Frag) {
     // SAFETY: caller's contract; the region closes before the buffer is freed.
     unsafe {
-        let fr = Box::from_raw(f);
-        let buf = fr.buf;
-        drop(fr);
+        let frag = Box::from_raw(f);
+        let buf = frag.buf;
+        drop(frag);
         libc::free(buf as *mut c_void);
     }
 }

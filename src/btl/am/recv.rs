@@ -34,20 +34,20 @@ pub fn receive_layout(n: usize, frag: usize, multi: bool) -> (usize, usize) {
 /// [`receive_layout`], where the module has them).
 ///
 /// # Safety
-/// `mp` is a live module.
-pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
+/// `module` is live.
+pub unsafe fn post_receives(module: *mut Module, n: usize) -> Result<(), Error> {
     // SAFETY: caller's contract.
-    let st = unsafe { &(*mp).st };
-    let (n, cap) = receive_layout(n, HDR + st.frag_payload, st.multi_recv);
-    for cx in (0..st.ctxs.len()).flat_map(|cx| std::iter::repeat_n(cx, n)) {
+    let state = unsafe { &(*module).state };
+    let (n, cap) = receive_layout(n, HDR + state.frag_payload, state.multi_recv);
+    for cx in (0..state.ctxs.len()).flat_map(|cx| std::iter::repeat_n(cx, n)) {
         // SAFETY: plain allocation, checked.
         let buf = unsafe { libc::malloc(cap) } as *mut u8;
         if buf.is_null() {
             return Err(Error::NOMEM);
         }
-        let mr = if st.mr_local {
+        let mr = if state.mr_local {
             // SAFETY: buf lives until free_recv_buf, after the region is dropped.
-            match unsafe { st.register(buf as *const c_void, cap) } {
+            match unsafe { state.register(buf as *const c_void, cap) } {
                 Ok(m) => Some(m),
                 Err(e) => {
                     // SAFETY: allocated above.
@@ -65,9 +65,9 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
             cap,
             mr,
         }));
-        lock(&st.recv_bufs).push(rb);
+        lock(&state.recv_bufs).push(rb);
         // SAFETY: rb is live until finalize.
-        unsafe { repost(st, rb) }?;
+        unsafe { repost(state, rb) }?;
     }
     Ok(())
 }
@@ -76,10 +76,10 @@ pub unsafe fn post_receives(mp: *mut Module, n: usize) -> Result<(), Error> {
 ///
 /// # Safety
 /// `rb` is a live receive buffer of this module, not posted.
-unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
+unsafe fn repost(state: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     loop {
         // SAFETY: caller's contract.
-        match unsafe { try_post(st, rb) } {
+        match unsafe { try_post(state, rb) } {
             Err(Error::AGAIN) => {
                 // Receives are only refused for lack of resources: reap some.
                 // SAFETY: plain call.
@@ -94,7 +94,7 @@ unsafe fn repost(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
 ///
 /// # Safety
 /// As [`repost`].
-unsafe fn try_post(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
+unsafe fn try_post(state: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     // SAFETY: caller's contract.
     let r = unsafe { &mut *rb };
     let desc = r.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
@@ -102,9 +102,9 @@ unsafe fn try_post(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
     let ctx = r.ctx.as_op_context();
     // SAFETY: the buffer and context live until the completion is reaped (or the
     // endpoint closes, before the buffer is freed).
-    st.fi(|| unsafe {
-        let rx = &st.ctxs[r.cx].rx;
-        if st.multi_recv {
+    state.fi(|| unsafe {
+        let rx = &state.ctxs[r.cx].rx;
+        if state.multi_recv {
             rx.recv_multi(r.buf as *mut c_void, r.cap, desc, ctx)
         } else {
             rx.recv(r.buf as *mut c_void, r.cap, desc, u64::MAX, ctx)
@@ -114,16 +114,18 @@ unsafe fn try_post(st: &State, rb: *mut RecvBuf) -> Result<(), Error> {
 
 /// Post again the receive buffers the provider refused (see [`recv_complete`]), at
 /// most once per [`crate::common::sync::Unposted::INTERVAL`]. Called by progress.
-pub fn post_unposted(st: &State) {
-    if st.closing.load(Ordering::Relaxed) {
+pub fn post_unposted(state: &State) {
+    if state.closing.load(Ordering::Relaxed) {
         return;
     }
     // SAFETY: a live receive buffer of this module, not posted (recv_complete).
-    let (posted, all) = st.unposted.retry(|&rb| unsafe { try_post(st, rb) }.is_ok());
+    let (posted, all) = state
+        .unposted
+        .retry(|&rb| unsafe { try_post(state, rb) }.is_ok());
     if posted > 0 && all {
         log::info!(
             "the receive buffers {} refused are posted again",
-            st.provider
+            state.provider
         );
     }
 }
@@ -135,78 +137,79 @@ pub fn post_unposted(st: &State) {
 /// # Safety
 /// `ctx` is the Ctx of one of our receive buffers.
 pub unsafe fn recv_complete(
-    mp: *mut Module,
+    module: *mut Module,
     ctx: *mut c_void,
     len: usize,
     err: i32,
     buf: *const c_void,
     flags: u64,
 ) {
-    let rb = ctx as *mut RecvBuf; // Ctx is RecvBuf's first field
-                                  // SAFETY: mp is the live module.
-    let st = unsafe { &(*mp).st };
+    // Ctx is RecvBuf's first field.
+    let rb = ctx as *mut RecvBuf;
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     // SAFETY: rb is live until finalize.
     let (base, cap) = unsafe { ((*rb).buf, (*rb).cap) };
-    let released = !st.multi_recv || flags & fi::FI_MULTI_RECV as u64 != 0;
+    let released = !state.multi_recv || flags & fi::FI_MULTI_RECV as u64 != 0;
     if err != 0 {
-        if st.closing.load(Ordering::Relaxed) || err == fi::FI_ECANCELED as i32 {
+        if state.closing.load(Ordering::Relaxed) || err == fi::FI_ECANCELED as i32 {
             return;
         }
         log::warn!(
             "a receive completed with an error on {}: {}",
-            st.provider,
+            state.provider,
             Error(err)
         );
-    } else if !st.multi_recv || len > 0 {
+    } else if !state.multi_recv || len > 0 {
         // (A multi-receive buffer may be released by a completion without a fragment.)
         // SAFETY: rb's buffer, ours until reposted below.
-        match unsafe { crate::fabric::ep::received(base, cap, st.multi_recv, buf, len) } {
+        match unsafe { crate::fabric::ep::received(base, cap, state.multi_recv, buf, len) } {
             None => {
-                st.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                state.bad_fragments.fetch_add(1, Ordering::Relaxed);
                 log::error!(
                     "dropping a fragment that {} placed outside its receive buffer ({buf:p}, \
                      buffer {base:p} of {cap} bytes)",
-                    st.provider
+                    state.provider
                 );
             }
             Some(bytes) if bytes.len() > 1 && bytes[1] == PIECE_MAGIC => {
-                // SAFETY: mp is live; rb stays ours until reposted below.
-                unsafe { piece_arrived(mp, bytes) };
+                // SAFETY: module is live; rb stays ours until reposted below.
+                unsafe { piece_arrived(module, bytes) };
             }
             Some(bytes) => match AmHeader::decode(bytes) {
-                // SAFETY: mp is live; the payload (HDR bytes in, h.len long, checked
+                // SAFETY: module is live; the payload (HDR bytes in, h.len long, checked
                 // against what arrived) stays ours until we repost below.
                 Ok((h, _)) => unsafe {
                     dispatch(
-                        mp,
+                        module,
                         h.tag,
                         bytes.as_ptr().add(HDR) as *mut u8,
                         h.len as usize,
                     )
                 },
                 Err(e) => {
-                    st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-                    log::error!("dropping a received fragment on {}: {e}", st.provider);
+                    state.bad_fragments.fetch_add(1, Ordering::Relaxed);
+                    log::error!("dropping a received fragment on {}: {e}", state.provider);
                 }
             },
         }
     }
-    if !released || st.closing.load(Ordering::Relaxed) {
+    if !released || state.closing.load(Ordering::Relaxed) {
         return;
     }
     let ret = if crate::common::sync::refuse_repost() {
         Err(Error(fi::FI_EIO as i32))
     } else {
         // SAFETY: rb is ours and no longer posted.
-        unsafe { repost(st, rb) }
+        unsafe { repost(state, rb) }
     };
     if let Err(e) = ret {
         // Kept, not lost: with no buffer posted the module would stop receiving.
-        if let Some(n) = st.unposted.push(rb) {
+        if let Some(n) = state.unposted.push(rb) {
             log::error!(
                 "re-posting a receive buffer on {}: {e}; progress tries again ({n} refused \
                  so far)",
-                st.provider
+                state.provider
             );
         }
     }
@@ -222,12 +225,12 @@ pub struct Assembly {
 /// A piece arrived: add it to its fragment; dispatch the fragment when it is whole.
 ///
 /// # Safety
-/// `mp` is the live module.
-unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+/// `module` is live.
+unsafe fn piece_arrived(module: *mut Module, bytes: &[u8]) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let whole = PieceHeader::decode(bytes).and_then(|(h, chunk)| {
-        let mut asm = st.assembly.lock();
+        let mut asm = state.assembly.lock();
         let a = asm.entry(h.id).or_insert_with(|| Assembly {
             tag: h.tag,
             payload: vec![0u8; h.total as usize],
@@ -251,14 +254,14 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
     match whole {
         Ok(None) => {}
         Ok(Some(mut a)) => {
-            st.assembled.fetch_add(1, Ordering::Relaxed);
+            state.assembled.fetch_add(1, Ordering::Relaxed);
             let len = a.payload.len();
             // SAFETY: the payload holds len bytes and lives until the callback returns.
-            unsafe { dispatch(mp, a.tag, a.payload.as_mut_ptr(), len) };
+            unsafe { dispatch(module, a.tag, a.payload.as_mut_ptr(), len) };
         }
         Err(e) => {
-            st.bad_fragments.fetch_add(1, Ordering::Relaxed);
-            log::error!("dropping a received piece on {}: {e}", st.provider);
+            state.bad_fragments.fetch_add(1, Ordering::Relaxed);
+            log::error!("dropping a received piece on {}: {e}", state.provider);
         }
     }
 }
@@ -266,26 +269,26 @@ unsafe fn piece_arrived(mp: *mut Module, bytes: &[u8]) {
 /// Hand a decoded fragment to the callback registered for its tag.
 ///
 /// # Safety
-/// `mp` is the live module; `payload` points to `len` received bytes of one of our
+/// `module` is live; `payload` points to `len` received bytes of one of our
 /// receive buffers, which stays ours (not reposted) until this returns.
-pub(in crate::btl) unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8, len: usize) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
-    if (st.amo && tag == amo::TAG_REQ) || (st.serves_requests() && tag == amo::TAG_REP) {
+pub(in crate::btl) unsafe fn dispatch(module: *mut Module, tag: u8, payload: *mut u8, len: usize) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
+    if (state.amo && tag == amo::TAG_REQ) || (state.serves_requests() && tag == amo::TAG_REP) {
         // SAFETY: the payload holds len received bytes until the buffer is reposted.
-        unsafe { amo::on_message(mp, tag, payload, len) };
+        unsafe { amo::on_message(module, tag, payload, len) };
         return;
     }
-    if st.put_by_read && tag == put_by_read::TAG_PUT {
+    if state.put_by_read && tag == put_by_read::TAG_PUT {
         // SAFETY: as above.
-        unsafe { put_by_read::on_message(mp, payload, len) };
+        unsafe { put_by_read::on_message(module, payload, len) };
         return;
     }
-    if st.one_sided
+    if state.one_sided
         && (tag == crate::btl::resolve::TAG_FIND || tag == crate::btl::resolve::TAG_FOUND)
     {
         // SAFETY: as above.
-        unsafe { crate::btl::resolve::on_message(mp, tag, payload, len) };
+        unsafe { crate::btl::resolve::on_message(module, tag, payload, len) };
         return;
     }
     // SAFETY: the trigger table is Open MPI's, filled by the PML before traffic;
@@ -296,8 +299,8 @@ pub(in crate::btl) unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8
             .add(tag as usize)
     };
     let Some(cb) = trig.cbfunc else {
-        // SAFETY: mp is live.
-        unsafe { &(*mp).st }
+        // SAFETY: module is live.
+        unsafe { &(*module).state }
             .bad_fragments
             .fetch_add(1, Ordering::Relaxed);
         log::warn!("dropping a fragment with active-message tag {tag}, which nobody registered");
@@ -317,7 +320,7 @@ pub(in crate::btl) unsafe fn dispatch(mp: *mut Module, tag: u8, payload: *mut u8
     // repost after.
     unsafe {
         cb(
-            mp as *mut sys::mca_btl_base_module_t,
+            module as *mut sys::mca_btl_base_module_t,
             tag,
             &mut des,
             trig.cbdata,

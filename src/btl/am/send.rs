@@ -19,18 +19,18 @@ use std::sync::atomic::Ordering;
 ///
 /// # Safety
 /// `f` is a fragment whose send completed (or failed).
-unsafe fn finish_send(mp: *mut Module, f: *mut Frag, status: c_int, always: bool) {
+unsafe fn finish_send(module: *mut Module, f: *mut Frag, status: c_int, always: bool) {
     // SAFETY: caller's contract.
     let (flags, cb, ep) = unsafe { ((*f).base.des_flags, (*f).base.des_cbfunc, (*f).endpoint) };
     if always || flags & sys::MCA_BTL_DES_SEND_ALWAYS_CALLBACK != 0 || status != sys::OPAL_SUCCESS {
         if let Some(cb) = cb {
             // SAFETY: the PML's callback with its own descriptor.
-            unsafe { cb(mp as *mut _, ep as *mut _, &mut (*f).base, status) };
+            unsafe { cb(module as *mut _, ep as *mut _, &mut (*f).base, status) };
         }
     }
     if flags & sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP != 0 {
-        // SAFETY: mp is live.
-        put_frag(unsafe { &(*mp).st }, f);
+        // SAFETY: module is live.
+        put_frag(unsafe { &(*module).state }, f);
     }
 }
 
@@ -38,11 +38,11 @@ unsafe fn finish_send(mp: *mut Module, f: *mut Frag, status: c_int, always: bool
 ///
 /// # Safety
 /// `ctx` is the `ctx` field of one of our fragments.
-pub unsafe fn send_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
+pub unsafe fn send_complete(module: *mut Module, ctx: *mut c_void, err: i32) {
     // SAFETY: ctx lies offset_of!(Frag, ctx) bytes into its fragment.
     let f = unsafe { (ctx as *mut u8).sub(offset_of!(Frag, ctx)) as *mut Frag };
-    // SAFETY: mp is live.
-    unsafe { &(*mp).st }
+    // SAFETY: module is live.
+    unsafe { &(*module).state }
         .send_outstanding
         .fetch_sub(1, Ordering::AcqRel);
     let status = if err == 0 {
@@ -51,7 +51,7 @@ pub unsafe fn send_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         Error(err).to_opal()
     };
     // SAFETY: the send is done.
-    unsafe { finish_send(mp, f, status, true) };
+    unsafe { finish_send(module, f, status, true) };
 }
 
 /// Try to put a fragment on the wire. `Ok(true)`: injected (complete now), `Ok(false)`:
@@ -59,75 +59,84 @@ pub unsafe fn send_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
 ///
 /// # Safety
 /// `f` is a primed fragment with its header written.
-pub(super) unsafe fn post(st: &State, f: *mut Frag) -> Result<bool, Error> {
+pub(super) unsafe fn post(state: &State, f: *mut Frag) -> Result<bool, Error> {
     // SAFETY: caller's contract.
-    let fr = unsafe { &mut *f };
-    let len = HDR + fr.segment.seg_len as usize;
+    let frag = unsafe { &mut *f };
+    let len = HDR + frag.segment.seg_len as usize;
     // SAFETY: endpoint came from add_procs.
-    let dest = unsafe { (*fr.endpoint).addr };
-    if st.send_window > 0 && st.send_outstanding.load(Ordering::Acquire) >= st.send_window {
+    let dest = unsafe { (*frag.endpoint).addr };
+    if state.send_window > 0 && state.send_outstanding.load(Ordering::Acquire) >= state.send_window
+    {
         return Err(Error::AGAIN);
     }
-    if len <= st.inject_size && st.send_window == 0 {
+    if len <= state.inject_size && state.send_window == 0 {
         // SAFETY: the buffer is valid for len bytes during the call.
-        st.fi(|| unsafe { st.tx().inject(fr.buf as *const c_void, len, st.to(dest)) })?;
+        state.fi(|| unsafe {
+            state
+                .tx()
+                .inject(frag.buf as *const c_void, len, state.to(dest))
+        })?;
         return Ok(true);
     }
-    if st.piece_max > PIECE_HDR && len - HDR <= PIECE_LIMIT {
+    if state.piece_max > PIECE_HDR && len - HDR <= PIECE_LIMIT {
         // SAFETY: forwarded.
-        unsafe { send_pieces(st, fr, st.to(dest)) }?;
+        unsafe { send_pieces(state, frag, state.to(dest)) }?;
         return Ok(true);
     }
-    let desc = fr.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
-    let ctx = fr.ctx.as_op_context();
+    let desc = frag.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
+    let ctx = frag.ctx.as_op_context();
     // Counted before the post: another thread may reap the completion first.
-    st.send_outstanding.fetch_add(1, Ordering::AcqRel);
-    // SAFETY: the fragment (buffer and context) stays ours until the completion.
-    st.fi(|| unsafe {
-        st.tx()
-            .send(fr.buf as *const c_void, len, desc, st.to(dest), ctx)
-    })
-    .inspect_err(|_| {
-        st.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-    })?;
+    state.send_outstanding.fetch_add(1, Ordering::AcqRel);
+    state
+        .fi(|| {
+            // SAFETY: the fragment (buffer and context) stays ours until the completion.
+            unsafe {
+                state
+                    .tx()
+                    .send(frag.buf as *const c_void, len, desc, state.to(dest), ctx)
+            }
+        })
+        .inspect_err(|_| {
+            state.send_outstanding.fetch_sub(1, Ordering::AcqRel);
+        })?;
     Ok(false)
 }
 
-/// Send the payload of `fr` as pieces (see the module documentation), from where an
-/// earlier call stopped: `Err(AGAIN)` leaves `fr.sent` at the pieces already out, and
+/// Send the payload of `frag` as pieces (see the module documentation), from where an
+/// earlier call stopped: `Err(AGAIN)` leaves `frag.sent` at the pieces already out, and
 /// the fragment waits in order for progress to call again.
 ///
 /// # Safety
-/// `fr` is a primed fragment with its header written.
-unsafe fn send_pieces(st: &State, fr: &mut Frag, to: u64) -> Result<(), Error> {
-    let total = fr.segment.seg_len as usize;
-    let step = st.piece_max - PIECE_HDR;
-    if fr.piece_id == 0 {
-        fr.piece_id = st.next_piece_id.fetch_add(2, Ordering::Relaxed);
+/// `frag` is a primed fragment with its header written.
+unsafe fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Error> {
+    let total = frag.segment.seg_len as usize;
+    let step = state.piece_max - PIECE_HDR;
+    if frag.piece_id == 0 {
+        frag.piece_id = state.next_piece_id.fetch_add(2, Ordering::Relaxed);
     }
     // SAFETY: the tag is the first byte of the header written before posting.
-    let tag = unsafe { *fr.buf };
+    let tag = unsafe { *frag.buf };
     let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
     let b = buf.as_mut_ptr() as *mut u8;
-    while fr.sent < total {
-        let n = step.min(total - fr.sent);
+    while frag.sent < total {
+        let n = step.min(total - frag.sent);
         let h = PieceHeader {
             tag,
             len: n as u32,
-            id: fr.piece_id,
+            id: frag.piece_id,
             total: total as u32,
-            offset: fr.sent as u32,
+            offset: frag.sent as u32,
         }
         .encode();
         // SAFETY: b has room for PIECE_HDR + n <= piece_max <= INLINE_MAX bytes; the
         // fragment holds total payload bytes after its header.
         unsafe {
             ptr::copy_nonoverlapping(h.as_ptr(), b, PIECE_HDR);
-            ptr::copy_nonoverlapping(fr.buf.add(HDR + fr.sent), b.add(PIECE_HDR), n);
+            ptr::copy_nonoverlapping(frag.buf.add(HDR + frag.sent), b.add(PIECE_HDR), n);
         }
         // SAFETY: the first PIECE_HDR + n bytes of b are written; inject copies them.
-        st.fi(|| unsafe { st.tx().inject(b as *const c_void, PIECE_HDR + n, to) })?;
-        fr.sent += n;
+        state.fi(|| unsafe { state.tx().inject(b as *const c_void, PIECE_HDR + n, to) })?;
+        frag.sent += n;
     }
     Ok(())
 }
@@ -139,39 +148,39 @@ unsafe fn send_pieces(st: &State, fr: &mut Frag, to: u64) -> Result<(), Error> {
 /// both post it: a duplicated fragment, seen by ob1 as a message longer than the one
 /// sent, or a double completion and a stall (scripts/test-hostile, tiny queues). A
 /// thread that finds another one draining leaves the queue to it.
-pub(crate) fn drain_pending(mp: *mut Module) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
-    let _drainer = match st.draining.try_lock() {
+pub(crate) fn drain_pending(module: *mut Module) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
+    let _drainer = match state.draining.try_lock() {
         Ok(g) => g,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
     loop {
         let f = {
-            let q = lock(&st.pending);
+            let q = lock(&state.pending);
             match q.front() {
                 Some(&f) => f,
                 None => {
                     // Under the lock, so that a concurrent enqueue cannot be hidden.
-                    st.has_pending.store(false, Ordering::Relaxed);
+                    state.has_pending.store(false, Ordering::Relaxed);
                     return;
                 }
             }
         };
         // SAFETY: queued fragments are primed and ours.
-        match unsafe { post(st, f) } {
+        match unsafe { post(state, f) } {
             Err(Error::AGAIN) => return,
             r => {
-                lock(&st.pending).pop_front();
+                lock(&state.pending).pop_front();
                 match r {
                     // SAFETY: injected: complete now (its callback was deferred).
-                    Ok(true) => unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, true) },
+                    Ok(true) => unsafe { finish_send(module, f, sys::OPAL_SUCCESS, true) },
                     Ok(false) => {}
                     Err(e) => {
-                        log::warn!("a queued send failed on {}: {e}", st.provider);
+                        log::warn!("a queued send failed on {}: {e}", state.provider);
                         // SAFETY: not posted: report the error through its callback.
-                        unsafe { finish_send(mp, f, e.to_opal(), true) };
+                        unsafe { finish_send(module, f, e.to_opal(), true) };
                     }
                 }
             }
@@ -179,48 +188,48 @@ pub(crate) fn drain_pending(mp: *mut Module) {
     }
 }
 
-fn enqueue(st: &State, f: *mut Frag) {
-    let mut q = lock(&st.pending);
+fn enqueue(state: &State, f: *mut Frag) {
+    let mut q = lock(&state.pending);
     q.push_back(f);
-    st.has_pending.store(true, Ordering::Relaxed);
+    state.has_pending.store(true, Ordering::Relaxed);
 }
 
 /// Send a primed fragment with its header written; the BTL's send contract.
 ///
 /// # Safety
 /// `f` is ours, primed, header written.
-pub(in crate::btl) unsafe fn send_frag(mp: *mut Module, f: *mut Frag) -> c_int {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+pub(in crate::btl) unsafe fn send_frag(module: *mut Module, f: *mut Frag) -> c_int {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     // SAFETY: forwarded.
-    if let Some(rc) = unsafe { fbox_send(mp, st, f) } {
+    if let Some(rc) = unsafe { fbox_send(module, state, f) } {
         return rc;
     }
-    if st.has_pending.load(Ordering::Relaxed) {
-        drain_pending(mp);
-        if st.has_pending.load(Ordering::Relaxed) {
-            enqueue(st, f);
+    if state.has_pending.load(Ordering::Relaxed) {
+        drain_pending(module);
+        if state.has_pending.load(Ordering::Relaxed) {
+            enqueue(state, f);
             return sys::OPAL_SUCCESS;
         }
     }
     // SAFETY: forwarded.
-    let r = unsafe { post(st, f) };
-    st.maybe_progress(mp);
+    let r = unsafe { post(state, f) };
+    state.maybe_progress(module);
     match r {
         Ok(true) => {
             // Injected: the data is gone. Like btl/self, call back only when asked.
             // SAFETY: f is complete.
-            unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, false) };
+            unsafe { finish_send(module, f, sys::OPAL_SUCCESS, false) };
             1
         }
         Ok(false) => sys::OPAL_SUCCESS,
         Err(Error::AGAIN) => {
             // Flow control: the fragment waits in order and goes out from progress.
-            enqueue(st, f);
+            enqueue(state, f);
             sys::OPAL_SUCCESS
         }
         Err(e) => {
-            log::warn!("fi_send on {}: {e}", st.provider);
+            log::warn!("fi_send on {}: {e}", state.provider);
             e.to_opal()
         }
     }
@@ -249,7 +258,7 @@ unsafe fn fbox_write(f: *mut Frag, slot: crate::common::fbox::Slot<'_>) {
 ///
 /// # Safety
 /// `f` is ours, primed, header written; its endpoint came from add_procs.
-unsafe fn fbox_send(mp: *mut Module, st: &State, f: *mut Frag) -> Option<c_int> {
+unsafe fn fbox_send(module: *mut Module, state: &State, f: *mut Frag) -> Option<c_int> {
     // SAFETY: caller's contract.
     let (peer, len) = unsafe { (&*(*f).endpoint, (*f).segment.seg_len as usize) };
     let tx = peer.fbox.as_ref()?;
@@ -261,26 +270,26 @@ unsafe fn fbox_send(mp: *mut Module, st: &State, f: *mut Frag) -> Option<c_int> 
             // SAFETY: the slot has room for len bytes; f is complete after.
             unsafe {
                 fbox_write(f, slot);
-                finish_send(mp, f, sys::OPAL_SUCCESS, false);
+                finish_send(module, f, sys::OPAL_SUCCESS, false);
             }
             return Some(1);
         }
     }
-    let mut q = lock(&st.fbox_queue);
+    let mut q = lock(&state.fbox_queue);
     peer.fbox_waiting.fetch_add(1, Ordering::AcqRel);
     q.push_back(f);
-    st.fbox_queued.store(true, Ordering::Relaxed);
+    state.fbox_queued.store(true, Ordering::Relaxed);
     Some(sys::OPAL_SUCCESS)
 }
 
 /// Send the fragments waiting for fast boxes, each peer's in order, as far as their
 /// boxes have room, and call back for each one sent. From progress only.
-pub(crate) fn drain_fbox(mp: *mut Module) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+pub(crate) fn drain_fbox(module: *mut Module) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     let mut sent = Vec::new();
     {
-        let mut q = lock(&st.fbox_queue);
+        let mut q = lock(&state.fbox_queue);
         let mut full: Vec<*mut PeerEp> = Vec::new();
         q.retain(|&f| {
             // SAFETY: queued fragments are ours, primed, with live endpoints (del_procs
@@ -305,24 +314,24 @@ pub(crate) fn drain_fbox(mp: *mut Module) {
                 }
             }
         });
-        st.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
+        state.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
     }
     for f in sent {
         // SAFETY: sent: complete; its callback was deferred.
-        unsafe { finish_send(mp, f, sys::OPAL_SUCCESS, true) };
+        unsafe { finish_send(module, f, sys::OPAL_SUCCESS, true) };
     }
 }
 
 /// A peer is going: its fragments still waiting for its fast box fail (unreachable).
 ///
 /// # Safety
-/// `mp` is the live module; `peer` is live and no longer listed.
-pub(in crate::btl) unsafe fn forget_fbox_peer(mp: *mut Module, peer: *mut PeerEp) {
+/// `module` is live; `peer` is live and no longer listed.
+pub(in crate::btl) unsafe fn forget_fbox_peer(module: *mut Module, peer: *mut PeerEp) {
     // SAFETY: caller's contract.
-    let st = unsafe { &(*mp).st };
+    let state = unsafe { &(*module).state };
     let mut gone = Vec::new();
     {
-        let mut q = lock(&st.fbox_queue);
+        let mut q = lock(&state.fbox_queue);
         q.retain(|&f| {
             // SAFETY: queued fragments are ours.
             if unsafe { (*f).endpoint } != peer {
@@ -331,10 +340,10 @@ pub(in crate::btl) unsafe fn forget_fbox_peer(mp: *mut Module, peer: *mut PeerEp
             gone.push(f);
             false
         });
-        st.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
+        state.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
     }
     for f in gone {
         // SAFETY: never sent: report the failure through its callback.
-        unsafe { finish_send(mp, f, sys::OPAL_ERR_UNREACH, true) };
+        unsafe { finish_send(module, f, sys::OPAL_ERR_UNREACH, true) };
     }
 }
