@@ -2,18 +2,17 @@
 //! `sendi`, the pre-posted receive buffers and the dispatch of received fragments to
 //! `mca_btl_base_active_message_trigger`.
 //!
-//! Wire format: an 8-byte [`AmHeader`](wire::AmHeader) (the active-message tag, a
-//! magic byte, two zero bytes and the payload length; 8 bytes keep the payload
-//! aligned) followed by the payload, sent with untagged `fi_send`/`fi_inject`
-//! into receive buffers of `HDR + max_send_size` bytes posted `btl_ofi_rd_num` at a
-//! time, or, where the provider has `FI_MULTI_RECV`, into multi-receive buffers of the
-//! same memory ([`receive_layout`](recv::receive_layout)), so that a fragment costs no
-//! receive call. A fragment's header and payload are one contiguous buffer, so a send
-//! is one call.
+//! Wire format: an 8-byte `wire::AmHeader` (the active-message tag, a magic byte, two
+//! zero bytes and the payload length; 8 bytes keep the payload aligned) followed by the
+//! payload, sent with untagged `fi_send`/`fi_inject` into receive buffers of
+//! `HDR + max_send_size` bytes posted `btl_ofi_rd_num` at a time, or, where the
+//! provider has `FI_MULTI_RECV`, into multi-receive buffers of the same memory
+//! (`recv::receive_layout`), so that a fragment costs no receive call. A fragment's
+//! header and payload are one contiguous buffer, so a send is one call.
 //!
-//! This file holds the entry points ob1 calls; the rooms behind them: [`wire`] (the
-//! headers), [`frag`] (fragments and receive buffers), [`send`] (posting, queues, fast
-//! boxes) and [`recv`] (receive buffers, pieces, dispatch to the callbacks).
+//! This file holds the entry points ob1 calls; the rooms behind them: `wire` (the
+//! headers), `frag` (fragments and receive buffers), `send` (posting, queues, fast
+//! boxes) and `recv` (receive buffers, pieces, dispatch to the callbacks).
 //!
 //! What it owns: fragments, receive buffers and the queue of sends that met
 //! `-FI_EAGAIN`. What it must not touch: provider setup (`open.rs`), RDMA.

@@ -1,7 +1,7 @@
 //! The module and its state: [`Module`] (Open MPI's struct first, then [`State`],
 //! everything the data paths need), the peers handed to Open MPI as endpoints
 //! ([`PeerEp`]), the transmit/receive [`Context`]s, the running modules
-//! ([`MODULES`]) and the modex blob in which each module publishes its endpoint name.
+//! (`MODULES`) and the modex blob in which each module publishes its endpoint name.
 //!
 //! What it owns: the [`Module`]s of the process and their libfabric objects: one that
 //! reaches every peer (the provider and NIC the common layer selects) and, in a job
@@ -93,7 +93,7 @@ pub struct State {
     /// Puts longer than `write_max` are done by the target's read (`put_by_read`;
     /// needs active messages, `btl_ofi_mode` 2).
     pub put_by_read: bool,
-    /// Fragments past the inject size up to [`am::wire::PIECE_LIMIT`] go as trains of
+    /// Fragments past the inject size up to `am::wire::PIECE_LIMIT` go as trains of
     /// injects of at most this many bytes, 0 for never (see `am::send::send_pieces`).
     pub piece_max: usize,
     /// Message ids of pieces: a random per-process base, stepped by 2.

@@ -1,10 +1,10 @@
 //! RDMA: `put` and `get`, and the machinery the provider's atomics share with them:
 //! the per-operation context ([`RdmaOp`]), posting with one retry after progress
-//! ([`run`]), the queue of operations the provider refused with `-FI_EAGAIN`
+//! (`run`), the queue of operations the provider refused with `-FI_EAGAIN`
 //! ([`Deferred`]), and completions. Registration is `registration.rs`, the provider's
 //! atomics `provider_atomics.rs`, emulated ones `amo.rs`.
 //!
-//! Addressing: the target address is relative to the remote [`Handle`]'s base (see
+//! Addressing: the target address is relative to the remote `Handle`'s base (see
 //! `registration.rs`). With `FI_MR_LOCAL` the local side passes the descriptor of
 //! the local handle, registering the local buffer on the fly when the caller has none.
 //!

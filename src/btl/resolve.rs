@@ -13,7 +13,7 @@
 //! registers nothing (vader) never reads the handle, so stock Open MPI does not show
 //! it.
 //!
-//! How: every [`Handle`] carries the range its registration covers. An operation
+//! How: every `Handle` carries the range its registration covers. An operation
 //! (put, get or atomic, native or emulated) whose target range lies outside its handle
 //! is held here, and a find request (the target address and length) goes to the target
 //! as an active message. The target answers with the handle of a live registration
