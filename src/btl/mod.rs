@@ -1,20 +1,41 @@
 //! The OFI BTL: active messages for ob1, RDMA and atomics for osc rdma, and a
 //! registration cache that memory releases invalidate.
 //!
-//! `component` is the exported component, `module` builds the module (provider
-//! selection, endpoint, progress, peers), `am` the active-message path, `rdma` RDMA,
-//! atomics and memory registration, `amo` atomics emulated with active messages for
-//! providers without them (fast boxes, the node-local rings, are `common::fbox`), `resolve` re-targets operations whose remote handle does not cover them (an osc
-//! rdma race), `rcache` the registration cache, `stats` its counters and
-//! the RDMA counters as MPI_T performance variables.
+//! Where things live:
+//! - `component` is the exported component; `template` the module template whose
+//!   fields the `btl_ofi_*` parameters write, and the parameters themselves.
+//! - `module` holds the module and its state (`Module`, `State`, the peers, the
+//!   running modules); `open` builds the modules in phases (provider, endpoint,
+//!   atomics, table, memory), `procs` adds and removes peers, `progress` reads the
+//!   completion queues and routes each completion, `teardown` closes the modules.
+//! - `am` is the active-message path (`am::wire` headers, `am::frag` fragments and
+//!   receive buffers, `am::send`, `am::recv`); `op_context` the head of every
+//!   libfabric operation context.
+//! - `rdma` is put and get, `registration` memory registration and the handles
+//!   peers receive, `provider_atomics` the provider's atomics, `amo` atomics
+//!   emulated with active messages for providers without them, `put_by_read` puts
+//!   done by the target's read where long writes break the provider. Fast boxes, the
+//!   node-local rings, are `common::fbox`.
+//! - `resolve` re-targets operations whose remote handle does not cover them (an osc
+//!   rdma race), `rcache` the registration cache, `stats` its counters and the RDMA
+//!   counters as MPI_T performance variables.
 pub mod am;
 pub mod amo;
 pub mod component;
 pub mod module;
+mod op_context;
+mod open;
+mod procs;
+mod progress;
+mod provider_atomics;
+mod put_by_read;
 pub mod rcache;
 pub mod rdma;
+mod registration;
 pub mod resolve;
 pub mod stats;
+mod teardown;
+mod template;
 
 use ompi_sys as sys;
 
@@ -23,20 +44,20 @@ pub fn init_modules(
     progress_threads: bool,
     mpi_threads: bool,
 ) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
-    module::init(progress_threads, mpi_threads)
+    open::init(progress_threads, mpi_threads)
 }
 
 /// Register the generic BTL parameters (exclusivity, eager limits) for our module template.
 pub fn register_base_params() {
-    module::register_base_params();
+    template::register_base_params();
 }
 
 /// Component progress.
 pub fn progress() -> i32 {
-    module::progress()
+    progress::progress()
 }
 
 /// Release everything at component close.
 pub fn finalize_component() {
-    module::finalize();
+    teardown::finalize();
 }

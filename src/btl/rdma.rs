@@ -1,165 +1,34 @@
-//! RDMA and atomics: `put`, `get`, `atomic_op`, `atomic_fop`, `atomic_cswap`, and
-//! `register_mem`/`deregister_mem` through the registration cache.
+//! RDMA: `put` and `get`, and the machinery the provider's atomics share with them:
+//! the per-operation context ([`RdmaOp`]), posting with one retry after progress
+//! (`run`), the queue of operations the provider refused with `-FI_EAGAIN`
+//! ([`Deferred`]), and completions. Registration is `registration.rs`, the provider's
+//! atomics `provider_atomics.rs`, emulated ones `amo.rs`.
 //!
-//! Addressing: the registration handle a peer receives is [`Handle`] (the key and the
-//! base the target address is relative to). With `FI_MR_VIRT_ADDR` the base is 0 and
-//! the virtual address goes on the wire; otherwise the operation carries the offset
-//! into the region. With `FI_MR_PROV_KEY` the key is the provider's; otherwise ours
-//! (a per-process counter). With `FI_MR_LOCAL` the local side passes the descriptor of
+//! Addressing: the target address is relative to the remote `Handle`'s base (see
+//! `registration.rs`). With `FI_MR_LOCAL` the local side passes the descriptor of
 //! the local handle, registering the local buffer on the fly when the caller has none.
 //!
 //! Where the provider mixes up writes of more than one packet (udp;ofi_rxd), a put
-//! longer than one is done by the target's read (`amo::put_by_read`) where active
+//! longer than one is done by the target's read (`put_by_read`) where active
 //! messages are on, else as writes of one packet each ([`State::write_max`]),
 //! completing with the last.
 //!
-//! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion).
+//! What it owns: the per-operation contexts ([`RdmaOp`], boxed, freed at completion)
+//! and the deferred operations. What it must not touch: registrations beyond
+//! making and giving back the temporary ones of `FI_MR_LOCAL`.
 
-use super::am::{Ctx, Kind};
-use super::module::{lock, progress_module, Module, PeerEp, State};
-use super::rcache::{Acquired, Ticket};
+use super::module::{lock, Module, PeerEp, State};
+use super::op_context::{Ctx, OpKind};
+use super::progress::progress_module;
+use super::registration::{deregister, local_desc, register, Handle, Registration};
 use super::resolve::Again;
-use crate::fabric::{Error, MemoryRegion};
+use crate::fabric::Error;
 use crate::ompi::component::ffi_guard;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-
-/// What a peer needs to reach a registration (sent by value to peers).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Handle {
-    pub key: u64,
-    /// Subtracted from the target address: 0 with FI_MR_VIRT_ADDR, else the region base.
-    pub base: u64,
-    /// The registered range `[start, end)`: an operation outside it holds a handle
-    /// that is not its target's (see `resolve`).
-    pub start: u64,
-    pub end: u64,
-    /// A checksum of the four words above: a handle read while someone rewrote it
-    /// (osc rdma's table of dynamic regions, see `resolve`) does not pass it.
-    pub check: u64,
-}
-
-impl Handle {
-    /// The handle of registration `mr` on a module that does (`virt`) or does not
-    /// address by virtual address.
-    pub fn of(mr: &MemoryRegion, virt: bool) -> Handle {
-        let start = mr.addr() as u64;
-        Handle::sealed(
-            mr.key().unwrap_or(0),
-            if virt { 0 } else { start },
-            start,
-            start.saturating_add(mr.len() as u64),
-        )
-    }
-
-    /// Read a handle from memory another process may be rewriting as we read (osc
-    /// rdma's table of dynamic regions, see `resolve`): exactly once, with one
-    /// volatile read, so that the compiler cannot read it again for a later use and
-    /// see other bytes than the ones checked. `p` need not be aligned.
-    ///
-    /// # Safety
-    /// `p` points to `size_of::<Handle>()` readable bytes.
-    pub unsafe fn read_once(p: *const u8) -> Handle {
-        const N: usize = std::mem::size_of::<Handle>();
-        // SAFETY: caller's contract; [u8; N] has alignment 1.
-        let b: [u8; N] = unsafe { ptr::read_volatile(p as *const [u8; N]) };
-        let w = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        Handle {
-            key: w(0),
-            base: w(1),
-            start: w(2),
-            end: w(3),
-            check: w(4),
-        }
-    }
-
-    /// A handle for a range not checked on this side (the target checks it).
-    pub fn unchecked(key: u64, base: u64) -> Handle {
-        Handle::sealed(key, base, 0, u64::MAX)
-    }
-
-    /// A handle with its checksum.
-    pub fn sealed(key: u64, base: u64, start: u64, end: u64) -> Handle {
-        let mut h = Handle {
-            key,
-            base,
-            start,
-            end,
-            check: 0,
-        };
-        h.check = h.sum();
-        h
-    }
-
-    fn sum(&self) -> u64 {
-        use std::hash::Hasher;
-        let mut h = crate::common::IdHasher::default();
-        // A seed, so that an all-zero handle (zeroed memory) does not pass.
-        h.write_u64(0x4f46_4948_414e_444c);
-        for w in [self.key, self.base, self.start, self.end] {
-            h.write_u64(w);
-        }
-        h.finish()
-    }
-
-    /// Is this a whole handle (not one torn by a concurrent rewrite) of a registration
-    /// covering `[addr, addr + len)`?
-    #[inline]
-    pub fn covers(&self, addr: u64, len: usize) -> bool {
-        addr >= self.start
-            && addr.saturating_add(len as u64) <= self.end
-            && self.check == self.sum()
-    }
-}
-
-/// What `register_mem` returns: the handle first, then what only the owner needs.
-#[repr(C)]
-pub struct Registration {
-    pub handle: Handle,
-    pub desc: *mut c_void,
-    /// The range asked for.
-    base: usize,
-    len: usize,
-    ticket: Ticket,
-    /// The region when not cached (else the cache owns it).
-    own: Option<MemoryRegion>,
-}
-
-/// BTL atomic op -> libfabric op, for the operations the BTL interface defines.
-pub const ATOMIC_OPS: [(u32, fi::fi_op); 10] = [
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_ADD, fi::FI_SUM),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_AND, fi::FI_BAND),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_OR, fi::FI_BOR),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_XOR, fi::FI_BXOR),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_LAND, fi::FI_LAND),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_LOR, fi::FI_LOR),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_LXOR, fi::FI_LXOR),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_SWAP, fi::FI_ATOMIC_WRITE),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_MIN, fi::FI_MIN),
-    (sys::MCA_BTL_ATOMIC_SUPPORTS_MAX, fi::FI_MAX),
-];
-
-/// The support bit and libfabric op of a BTL atomic op.
-fn map_op(op: sys::mca_btl_base_atomic_op_t) -> Option<(u32, fi::fi_op)> {
-    let i = match op {
-        sys::MCA_BTL_ATOMIC_ADD => 0,
-        sys::MCA_BTL_ATOMIC_AND => 1,
-        sys::MCA_BTL_ATOMIC_OR => 2,
-        sys::MCA_BTL_ATOMIC_XOR => 3,
-        sys::MCA_BTL_ATOMIC_LAND => 4,
-        sys::MCA_BTL_ATOMIC_LOR => 5,
-        sys::MCA_BTL_ATOMIC_LXOR => 6,
-        sys::MCA_BTL_ATOMIC_SWAP => 7,
-        sys::MCA_BTL_ATOMIC_MIN => 8,
-        sys::MCA_BTL_ATOMIC_MAX => 9,
-        _ => return None,
-    };
-    Some(ATOMIC_OPS[i])
-}
 
 /// One RDMA or atomic operation in flight.
 #[repr(C)]
@@ -172,8 +41,8 @@ pub struct RdmaOp {
     cbcontext: *mut c_void,
     cbdata: *mut c_void,
     /// Operands live here until the completion (not injected).
-    operand: u64,
-    compare: u64,
+    pub(super) operand: u64,
+    pub(super) compare: u64,
     /// A local registration made for this operation (FI_MR_LOCAL without a handle).
     temp: *mut Registration,
     /// Of one write of a put split in parts ([`State::write_max`]): the whole put,
@@ -184,7 +53,7 @@ pub struct RdmaOp {
     part_err: AtomicI32,
 }
 
-/// Puts up to this size go as writes of one packet even where `amo::put_by_read`
+/// Puts up to this size go as writes of one packet even where `put_by_read`
 /// is on: over udp;ofi_rxd 4 KiB took 17 us as four writes against 22 us read by the
 /// target, 64 KiB 208 us against 110 us.
 pub const PUT_BY_READ_MIN: usize = 4096;
@@ -198,7 +67,7 @@ pub const WRITE_HEADROOM: usize = 256;
 ///
 /// # Safety
 /// `ctx` is the Ctx of a live RdmaOp of this module.
-pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
+pub unsafe fn rdma_complete(module: *mut Module, ctx: *mut c_void, err: i32) {
     // SAFETY: Ctx is RdmaOp's first field; the op came from Box::into_raw.
     let op = unsafe { Box::from_raw(ctx as *mut RdmaOp) };
     if !op.whole.is_null() {
@@ -212,15 +81,15 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         if whole.parts.fetch_sub(1, Ordering::AcqRel) == 1 {
             let err = whole.part_err.load(Ordering::Acquire);
             // SAFETY: the last part: the whole put is complete, and ours to finish.
-            unsafe { rdma_complete(mp, op.whole as *mut c_void, err) };
+            unsafe { rdma_complete(module, op.whole as *mut c_void, err) };
         }
         return;
     }
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     if !op.temp.is_null() {
         // SAFETY: a registration we made for this operation.
-        unsafe { deregister(st, op.temp) };
+        unsafe { deregister(state, op.temp) };
     }
     let status = if err == 0 {
         sys::OPAL_SUCCESS
@@ -231,7 +100,7 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
         // SAFETY: the caller's callback with its own arguments.
         unsafe {
             cb(
-                mp as *mut _,
+                module as *mut _,
                 op.endpoint,
                 op.local_address,
                 op.local_handle,
@@ -241,124 +110,7 @@ pub unsafe fn rdma_complete(mp: *mut Module, ctx: *mut c_void, err: i32) {
             )
         };
     }
-    st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
-}
-
-/// Register (or find in the cache) `[base, base + len)`.
-pub(super) fn register(st: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
-    let mut cache = lock(&st.rcache);
-    let virt = st.virt_addr;
-    let res = cache.acquire(base as usize, len, st.mr_access, |b, l| {
-        // SAFETY: Open MPI registers memory it keeps mapped until deregister_mem; a
-        // release of it before then invalidates the entry (release callback).
-        unsafe { st.register(b as *const c_void, l) }
-    });
-    let reg = match res {
-        Ok(Acquired::Cached(i, mr)) => Registration {
-            handle: Handle::of(mr, virt),
-            desc: mr.desc(),
-            base: base as usize,
-            len,
-            ticket: Ticket::Cached(i),
-            own: None,
-        },
-        Ok(Acquired::Uncached(mr)) => Registration {
-            handle: Handle::of(&mr, virt),
-            desc: mr.desc(),
-            base: base as usize,
-            len,
-            ticket: Ticket::Uncached,
-            own: Some(mr),
-        },
-        Err(e) => {
-            log::warn!(
-                "fi_mr_reg of {len} bytes at {base:p} on {}: {e}",
-                st.provider
-            );
-            return None;
-        }
-    };
-    let outside = (reg.ticket == Ticket::Uncached).then_some(reg.handle);
-    let r = Box::into_raw(Box::new(reg));
-    if let Some(h) = outside {
-        lock(&st.outside).insert(r as usize, h);
-    }
-    Some(r)
-}
-
-/// The handle of a live registration of this module covering `[addr, addr + len)`:
-/// a cache entry, or one made outside the cache (a find request, `resolve`).
-pub(super) fn live_handle(st: &State, addr: u64, len: usize) -> Option<Handle> {
-    let cached = lock(&st.rcache)
-        .find(addr as usize, len)
-        .map(|mr| Handle::of(mr, st.virt_addr));
-    cached.or_else(|| {
-        lock(&st.outside)
-            .values()
-            .find(|h| h.covers(addr, len))
-            .copied()
-    })
-}
-
-/// Give a registration back.
-///
-/// # Safety
-/// `r` came from [`register`] and is no longer used by any operation.
-pub(super) unsafe fn deregister(st: &State, r: *mut Registration) {
-    // SAFETY: caller's contract.
-    let reg = unsafe { Box::from_raw(r) };
-    match reg.ticket {
-        Ticket::Cached(i) => {
-            let closed = lock(&st.rcache).release(i);
-            drop(closed);
-        }
-        Ticket::Uncached => {
-            lock(&st.outside).remove(&(r as usize));
-        }
-    }
-    drop(reg);
-}
-
-pub(crate) extern "C" fn btl_register_mem(
-    btl: *mut sys::mca_btl_base_module_t,
-    _ep: *mut sys::mca_btl_base_endpoint_t,
-    base: *mut c_void,
-    size: usize,
-    _flags: u32,
-) -> *mut sys::mca_btl_base_registration_handle_t {
-    ffi_guard("btl register_mem", ptr::null_mut(), || {
-        // SAFETY: btl is our module.
-        let st = unsafe { &(*(btl as *mut Module)).st };
-        register(st, base, size).map_or(ptr::null_mut(), |r| {
-            if st.serves_requests() {
-                // SAFETY: r is the live registration just made.
-                let key = unsafe { (*r).handle.key };
-                super::amo::note_region(btl as *mut Module, key, base as usize, size);
-            }
-            r as *mut sys::mca_btl_base_registration_handle_t
-        })
-    })
-}
-
-pub(crate) extern "C" fn btl_deregister_mem(
-    btl: *mut sys::mca_btl_base_module_t,
-    h: *mut sys::mca_btl_base_registration_handle_t,
-) -> c_int {
-    ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
-        if !h.is_null() {
-            // SAFETY: btl is our module; h came from our register_mem.
-            let st = unsafe { &(*(btl as *mut Module)).st };
-            let r = h as *mut Registration;
-            if st.serves_requests() {
-                // SAFETY: r is live until deregister below.
-                let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
-                super::amo::forget_region(btl as *mut Module, key, base, len);
-            }
-            // SAFETY: h came from our register_mem.
-            unsafe { deregister(st, r) };
-        }
-        sys::OPAL_SUCCESS
-    })
+    state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// One-sided operations posted (`State::ops`), the provider's and the emulated alike.
@@ -401,7 +153,7 @@ pub(super) struct Req {
 /// retrying once after progress on -FI_EAGAIN. Then a get or a put of one write
 /// (`defer`: its direction) is deferred to progress ([`Deferred`]); anything else
 /// returns OUT_OF_RESOURCE, and the caller retries.
-fn run(
+pub(super) fn run(
     r: Req,
     kind: usize,
     local_len: usize,
@@ -410,8 +162,8 @@ fn run(
     defer: Option<Dir>,
     post: impl Fn(&State, *mut RdmaOp, *mut c_void, fi::fi_addr_t, u64, u64) -> Result<(), Error>,
 ) -> c_int {
-    // SAFETY: mp is our module.
-    let st = unsafe { &(*r.mp).st };
+    // SAFETY: module is ours.
+    let state = unsafe { &(*r.mp).state };
     if r.endpoint.is_null() || r.remote_handle.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
@@ -419,12 +171,12 @@ fn run(
     let dest = unsafe { (*(r.endpoint as *mut PeerEp)).addr };
     let rh = r.handle;
     let raddr = r.remote_address.wrapping_sub(rh.base);
-    let dest = st.to(dest);
+    let dest = state.to(dest);
     let mut temp = ptr::null_mut();
     // SAFETY: local_handle is null or ours.
-    let mut desc = unsafe { super::module::local_desc(r.local_handle) };
-    if desc.is_null() && st.mr_local && local_len > 0 && !r.local_address.is_null() {
-        match register(st, r.local_address, local_len) {
+    let mut desc = unsafe { local_desc(r.local_handle) };
+    if desc.is_null() && state.mr_local && local_len > 0 && !r.local_address.is_null() {
+        match register(state, r.local_address, local_len) {
             Some(t) => {
                 temp = t;
                 // SAFETY: t is a live registration.
@@ -434,7 +186,7 @@ fn run(
         }
     }
     let op = Box::into_raw(Box::new(RdmaOp {
-        ctx: Ctx::new(Kind::Rdma),
+        ctx: Ctx::new(OpKind::Rdma),
         endpoint: r.endpoint,
         local_address: r.local_address,
         local_handle: r.local_handle,
@@ -448,7 +200,7 @@ fn run(
         parts: AtomicUsize::new(0),
         part_err: AtomicI32::new(0),
     }));
-    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
     let deferred = |dir| Deferred {
         op,
         dir,
@@ -460,38 +212,41 @@ fn run(
         key: rh.key,
     };
     // Behind operations already deferred, in order.
-    if let Some(dir) = defer.filter(|_| st.has_rdma_deferred.load(Ordering::Relaxed)) {
-        defer_op(st, deferred(dir), false);
-        st.ops[kind].fetch_add(1, Ordering::Relaxed);
+    if let Some(dir) = defer.filter(|_| state.has_rdma_deferred.load(Ordering::Relaxed)) {
+        defer_op(state, deferred(dir), false);
+        state.ops[kind].fetch_add(1, Ordering::Relaxed);
         return sys::OPAL_SUCCESS;
     }
-    let mut res = post(st, op, desc, dest, raddr, rh.key);
+    let mut res = post(state, op, desc, dest, raddr, rh.key);
     if res == Err(Error::AGAIN) {
         progress_module(r.mp);
-        res = post(st, op, desc, dest, raddr, rh.key);
+        res = post(state, op, desc, dest, raddr, rh.key);
     }
     if let (Err(Error::AGAIN), Some(dir)) = (res, defer) {
-        defer_op(st, deferred(dir), false);
+        defer_op(state, deferred(dir), false);
         res = Ok(());
     }
     match res {
         Ok(()) => {
-            st.ops[kind].fetch_add(1, Ordering::Relaxed);
-            st.maybe_progress(r.mp);
+            state.ops[kind].fetch_add(1, Ordering::Relaxed);
+            state.maybe_progress(r.mp);
             sys::OPAL_SUCCESS
         }
         Err(e) => {
-            st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+            state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
             // SAFETY: not posted: still ours.
             let op = unsafe { Box::from_raw(op) };
             if !op.temp.is_null() {
                 // SAFETY: made above, unused.
-                unsafe { deregister(st, op.temp) };
+                unsafe { deregister(state, op.temp) };
             }
             if e == Error::AGAIN {
                 sys::OPAL_ERR_OUT_OF_RESOURCE
             } else {
-                log::warn!("posting an RDMA/atomic operation on {}: {e}", st.provider);
+                log::warn!(
+                    "posting an RDMA/atomic operation on {}: {e}",
+                    state.provider
+                );
                 e.to_opal()
             }
         }
@@ -520,29 +275,29 @@ pub struct Deferred {
 }
 
 /// Queue `d` (at the front: `front`, when it was the queue's head).
-fn defer_op(st: &State, d: Deferred, front: bool) {
-    let mut q = lock(&st.rdma_deferred);
+fn defer_op(state: &State, d: Deferred, front: bool) {
+    let mut q = lock(&state.rdma_deferred);
     if front {
         q.push_front(d);
     } else {
-        st.rdma_deferrals.fetch_add(1, Ordering::Relaxed);
+        state.rdma_deferrals.fetch_add(1, Ordering::Relaxed);
         q.push_back(d);
     }
-    st.has_rdma_deferred.store(true, Ordering::Relaxed);
+    state.has_rdma_deferred.store(true, Ordering::Relaxed);
 }
 
-/// Post the deferred operations of module `mp` in order, until the provider refuses
+/// Post the deferred operations of `module` in order, until the provider refuses
 /// one again. Called from the module's progress (serialized); an operation that
 /// fails otherwise completes through its callback with the error.
-pub(super) fn post_deferred(mp: *mut Module) {
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+pub(super) fn post_deferred(module: *mut Module) {
+    // SAFETY: module is live.
+    let state = unsafe { &(*module).state };
     loop {
         let Some(d) = ({
-            let mut q = lock(&st.rdma_deferred);
+            let mut q = lock(&state.rdma_deferred);
             let d = q.pop_front();
             if q.is_empty() {
-                st.has_rdma_deferred.store(false, Ordering::Relaxed);
+                state.has_rdma_deferred.store(false, Ordering::Relaxed);
             }
             d
         }) else {
@@ -550,21 +305,24 @@ pub(super) fn post_deferred(mp: *mut Module) {
         };
         // SAFETY: the operation's buffers and regions stay valid until its completion
         // (the BTL contract), and op is ours until then.
-        let res = st.fi(|| unsafe {
+        let res = state.fi(|| unsafe {
             rma(
-                st, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
+                state, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
             )
         });
         match res {
             Ok(()) => {}
             Err(Error::AGAIN) => {
-                defer_op(st, d, true);
+                defer_op(state, d, true);
                 return;
             }
             Err(e) => {
-                log::warn!("posting a deferred RDMA operation on {}: {e}", st.provider);
+                log::warn!(
+                    "posting a deferred RDMA operation on {}: {e}",
+                    state.provider
+                );
                 // SAFETY: never posted: ours to complete, once.
-                unsafe { rdma_complete(mp, ctx_of(d.op), e.0) };
+                unsafe { rdma_complete(module, ctx_of(d.op), e.0) };
             }
         }
     }
@@ -572,33 +330,24 @@ pub(super) fn post_deferred(mp: *mut Module) {
 
 /// Free the deferred operations of a module being destroyed (Open MPI no longer
 /// waits for their callbacks).
-pub(super) fn discard_deferred(st: &State) {
-    let q = std::mem::take(&mut *lock(&st.rdma_deferred));
-    st.has_rdma_deferred.store(false, Ordering::Relaxed);
+pub(super) fn discard_deferred(state: &State) {
+    let q = std::mem::take(&mut *lock(&state.rdma_deferred));
+    state.has_rdma_deferred.store(false, Ordering::Relaxed);
     for d in q {
         // SAFETY: never posted: the operation is ours.
         let op = unsafe { Box::from_raw(d.op) };
         if !op.temp.is_null() {
             // SAFETY: a registration made for this operation only.
-            unsafe { deregister(st, op.temp) };
+            unsafe { deregister(state, op.temp) };
         }
     }
 }
 
 #[inline]
-fn ctx_of(op: *mut RdmaOp) -> *mut c_void {
+pub(super) fn ctx_of(op: *mut RdmaOp) -> *mut c_void {
     // SAFETY: op is a live operation of ours (Box::into_raw in `run`), not yet posted;
     // its Ctx is the first field of the repr(C) struct, so the context is op itself.
     unsafe { (*op).ctx.as_op_context() }
-}
-
-#[inline]
-fn posted(ret: isize) -> Result<(), Error> {
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(Error::from_ret(ret))
-    }
 }
 
 pub(crate) extern "C" fn btl_put(
@@ -631,43 +380,51 @@ pub(crate) extern "C" fn btl_put(
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Put { size }) {
             return rc;
         }
-        let mp = btl as *mut Module;
+        let module = btl as *mut Module;
         // SAFETY: btl is our module.
-        let st = unsafe { &(*mp).st };
-        if size > st.write_max.max(PUT_BY_READ_MIN) && st.put_by_read {
-            // SAFETY: mp is our module; the rest is the caller's put.
-            return unsafe { super::amo::put_by_read(r, size) };
+        let state = unsafe { &(*module).state };
+        if size > state.write_max.max(PUT_BY_READ_MIN) && state.put_by_read {
+            // SAFETY: module is ours; the rest is the caller's put.
+            return unsafe { super::put_by_read::post(r, size) };
         }
-        let defer = (size <= st.write_max).then_some(Dir::Write);
-        run(r, 0, size, 0, 0, defer, |st, op, desc, dest, raddr, key| {
-            if size > st.write_max {
-                // SAFETY: as for one write, below.
-                return unsafe {
-                    put_in_parts(mp, op, local_address, size, desc, dest, raddr, key)
-                };
-            }
-            // SAFETY: the local buffer and the remote region stay valid until the
-            // completion (the BTL contract); op lives until then.
-            st.fi(|| unsafe {
-                rma(
-                    st,
-                    Dir::Write,
-                    local_address,
-                    size,
-                    desc,
-                    dest,
-                    raddr,
-                    key,
-                    op,
-                )
-            })
-        })
+        let defer = (size <= state.write_max).then_some(Dir::Write);
+        run(
+            r,
+            0,
+            size,
+            0,
+            0,
+            defer,
+            |state, op, desc, dest, raddr, key| {
+                if size > state.write_max {
+                    // SAFETY: as for one write, below.
+                    return unsafe {
+                        put_in_parts(module, op, local_address, size, desc, dest, raddr, key)
+                    };
+                }
+                // SAFETY: the local buffer and the remote region stay valid until the
+                // completion (the BTL contract); op lives until then.
+                state.fi(|| unsafe {
+                    rma(
+                        state,
+                        Dir::Write,
+                        local_address,
+                        size,
+                        desc,
+                        dest,
+                        raddr,
+                        key,
+                        op,
+                    )
+                })
+            },
+        )
     })
 }
 
 /// Which way an RMA operation moves data.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Dir {
+pub(super) enum Dir {
     Write,
     Read,
 }
@@ -679,7 +436,7 @@ enum Dir {
 /// completion; `op` lives until then.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rma(
-    st: &State,
+    state: &State,
     dir: Dir,
     local: *mut c_void,
     len: usize,
@@ -697,12 +454,12 @@ unsafe fn rma(
     // single copy: 64 KiB gets took 13 to 14 us against 3.8 to 5.4, 1 MiB 131 to 183
     // against 63 to 91, and ob1 streamed 1 MiB messages at 7 to 9 GB/s against 16 to
     // 18 (and met -FI_EAGAIN on 9 gets in 10).
-    let flags = if st.delivery && dir == Dir::Write {
+    let flags = if state.delivery && dir == Dir::Write {
         fi::FI_DELIVERY_COMPLETE as u64
     } else {
         0
     };
-    let tx = st.tx();
+    let tx = state.tx();
     // SAFETY: forwarded.
     unsafe {
         match (dir, flags) {
@@ -723,7 +480,7 @@ unsafe fn rma(
 /// As for [`rma`], for `size` bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn put_in_parts(
-    mp: *mut Module,
+    module: *mut Module,
     op: *mut RdmaOp,
     local: *mut c_void,
     size: usize,
@@ -732,9 +489,9 @@ unsafe fn put_in_parts(
     raddr: u64,
     key: u64,
 ) -> Result<(), Error> {
-    // SAFETY: mp is our module.
-    let st = unsafe { &(*mp).st };
-    let step = st.write_max;
+    // SAFETY: module is ours.
+    let state = unsafe { &(*module).state };
+    let step = state.write_max;
     let n = size.div_ceil(step);
     // SAFETY: op is ours and not posted; parts count down from n before any can
     // complete.
@@ -743,7 +500,7 @@ unsafe fn put_in_parts(
         let off = i * step;
         let len = step.min(size - off);
         let part = Box::into_raw(Box::new(RdmaOp {
-            ctx: Ctx::new(Kind::Rdma),
+            ctx: Ctx::new(OpKind::Rdma),
             endpoint: ptr::null_mut(),
             local_address: ptr::null_mut(),
             local_handle: ptr::null_mut(),
@@ -762,12 +519,12 @@ unsafe fn put_in_parts(
         let raddr = raddr.wrapping_add(off as u64);
         let res = loop {
             // SAFETY: the caller's contract, for this part.
-            let res =
-                st.fi(|| unsafe { rma(st, Dir::Write, local, len, desc, dest, raddr, key, part) });
+            let res = state
+                .fi(|| unsafe { rma(state, Dir::Write, local, len, desc, dest, raddr, key, part) });
             if res != Err(Error::AGAIN) || i == 0 {
                 break res;
             }
-            progress_module(mp);
+            progress_module(module);
         };
         if let Err(e) = res {
             // SAFETY: not posted: still ours.
@@ -776,7 +533,10 @@ unsafe fn put_in_parts(
                 // Nothing posted: the caller frees op (and retries on AGAIN).
                 return Err(e);
             }
-            log::warn!("posting part {i} of {n} of a put on {}: {e}", st.provider);
+            log::warn!(
+                "posting part {i} of {n} of a put on {}: {e}",
+                state.provider
+            );
             // SAFETY: op lives until its last posted part completes; the parts not
             // posted are taken off its count (which may make this the last).
             unsafe {
@@ -786,7 +546,7 @@ unsafe fn put_in_parts(
                         .part_err
                         .compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Relaxed);
                 if whole.parts.fetch_sub(n - i, Ordering::AcqRel) == n - i {
-                    rdma_complete(mp, op as *mut c_void, e.0);
+                    rdma_complete(module, op as *mut c_void, e.0);
                 }
             }
             return Ok(());
@@ -832,11 +592,11 @@ pub(crate) extern "C" fn btl_get(
             0,
             0,
             Some(Dir::Read),
-            |st, op, desc, dest, raddr, key| {
+            |state, op, desc, dest, raddr, key| {
                 // SAFETY: as in put.
-                st.fi(|| unsafe {
+                state.fi(|| unsafe {
                     rma(
-                        st,
+                        state,
                         Dir::Read,
                         local_address,
                         size,
@@ -846,294 +606,6 @@ pub(crate) extern "C" fn btl_get(
                         key,
                         op,
                     )
-                })
-            },
-        )
-    })
-}
-
-/// What an atomic this module does not offer (operation, width or float) returns:
-/// `OPAL_ERR_NOT_SUPPORTED`, the one error on which osc rdma falls back to get, op and
-/// put under its accumulate lock. Open MPI 4.1.4's osc rdma hands the BTL every
-/// operation it maps without looking at `btl_atomic_flags` beyond the width
-/// (`ompi_osc_rdma_fetch_and_op_atomic`), and `ompi_osc_rdma_gacc_amo` tries again,
-/// forever, after any other error.
-pub const UNSUPPORTED: c_int = sys::OPAL_ERR_NOT_SUPPORTED;
-
-fn datatype(flags: c_int) -> Result<(fi::fi_datatype, usize), c_int> {
-    if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
-        return Err(UNSUPPORTED);
-    }
-    Ok(if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
-        (fi::FI_INT32, 4)
-    } else {
-        (fi::FI_INT64, 8)
-    })
-}
-
-fn supported(btl: *mut sys::mca_btl_base_module_t, bit: u32, width: usize) -> bool {
-    // SAFETY: btl is our module.
-    let f = unsafe { (*btl).btl_atomic_flags };
-    f & bit != 0 && (width == 8 || f & sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT != 0)
-}
-
-pub(crate) extern "C" fn btl_atomic_op(
-    btl: *mut sys::mca_btl_base_module_t,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    remote_address: u64,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    op: sys::mca_btl_base_atomic_op_t,
-    operand: u64,
-    flags: c_int,
-    _order: c_int,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
-) -> c_int {
-    ffi_guard("btl atomic_op", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
-            Err(e) => return e,
-        };
-        let Some((bit, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return UNSUPPORTED;
-        };
-        let _ = bit;
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address: ptr::null_mut(),
-            local_handle: ptr::null_mut(),
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
-        };
-        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Op { op, operand, flags }) {
-            return rc;
-        }
-        run(
-            r,
-            2,
-            0,
-            operand,
-            0,
-            None,
-            |st, o, _desc, dest, raddr, key| {
-                // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
-                // are the 32-bit value) until the completion.
-                let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                st.fi(|| {
-                    // SAFETY: the operand lives in the op until the completion; the endpoint
-                    // is open and calls are serialised by fi.
-                    posted(unsafe {
-                        if st.delivery {
-                            // Like a put, a non-fetching atomic completes when it has been
-                            // applied at the target (osc rdma flushes and unlocks on it).
-                            let ioc = fi::fi_ioc {
-                                addr: buf as *mut c_void,
-                                count: 1,
-                            };
-                            let rma = fi::fi_rma_ioc {
-                                addr: raddr,
-                                count: 1,
-                                key,
-                            };
-                            let mut desc: *mut c_void = ptr::null_mut();
-                            let msg = fi::fi_msg_atomic {
-                                msg_iov: &ioc,
-                                desc: &mut desc,
-                                iov_count: 1,
-                                addr: dest,
-                                rma_iov: &rma,
-                                rma_iov_count: 1,
-                                datatype: dt,
-                                op: fop,
-                                context: ctx_of(o),
-                                data: 0,
-                            };
-                            fi::fi_atomicmsg(
-                                st.tx().as_ptr(),
-                                &msg,
-                                (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
-                            )
-                        } else {
-                            fi::fi_atomic(
-                                st.tx().as_ptr(),
-                                buf,
-                                1,
-                                ptr::null_mut(),
-                                dest,
-                                raddr,
-                                key,
-                                dt,
-                                fop,
-                                ctx_of(o),
-                            )
-                        }
-                    })
-                })
-            },
-        )
-    })
-}
-
-pub(crate) extern "C" fn btl_atomic_fop(
-    btl: *mut sys::mca_btl_base_module_t,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    remote_address: u64,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    op: sys::mca_btl_base_atomic_op_t,
-    operand: u64,
-    flags: c_int,
-    _order: c_int,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
-) -> c_int {
-    ffi_guard("btl atomic_fop", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
-            Err(e) => return e,
-        };
-        let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return UNSUPPORTED;
-        };
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
-        };
-        if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Fop { op, operand, flags }) {
-            return rc;
-        }
-        run(
-            r,
-            3,
-            width,
-            operand,
-            0,
-            None,
-            |st, o, desc, dest, raddr, key| {
-                // SAFETY: operand in the op, result in the caller's registered buffer; both
-                // live until the completion.
-                let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                st.fi(|| {
-                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
-                    posted(unsafe {
-                        fi::fi_fetch_atomic(
-                            st.tx().as_ptr(),
-                            buf,
-                            1,
-                            ptr::null_mut(),
-                            local_address,
-                            desc,
-                            dest,
-                            raddr,
-                            key,
-                            dt,
-                            fop,
-                            ctx_of(o),
-                        )
-                    })
-                })
-            },
-        )
-    })
-}
-
-pub(crate) extern "C" fn btl_atomic_cswap(
-    btl: *mut sys::mca_btl_base_module_t,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    remote_address: u64,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    compare: u64,
-    value: u64,
-    flags: c_int,
-    _order: c_int,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
-) -> c_int {
-    ffi_guard("btl atomic_cswap", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
-            Err(e) => return e,
-        };
-        if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
-            return UNSUPPORTED;
-        }
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
-        };
-        if let Some(rc) = super::resolve::hold_if_stale(
-            &mut r,
-            Again::Cswap {
-                compare,
-                value,
-                flags,
-            },
-        ) {
-            return rc;
-        }
-        run(
-            r,
-            4,
-            width,
-            value,
-            compare,
-            None,
-            |st, o, desc, dest, raddr, key| {
-                // SAFETY: value and compare live in the op, the result in the caller's
-                // registered buffer, until the completion.
-                let (buf, cmp) = unsafe {
-                    (
-                        &raw const (*o).operand as *const c_void,
-                        &raw const (*o).compare as *const c_void,
-                    )
-                };
-                st.fi(|| {
-                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
-                    posted(unsafe {
-                        fi::fi_compare_atomic(
-                            st.tx().as_ptr(),
-                            buf,
-                            1,
-                            ptr::null_mut(),
-                            cmp,
-                            ptr::null_mut(),
-                            local_address,
-                            desc,
-                            dest,
-                            raddr,
-                            key,
-                            dt,
-                            fi::FI_CSWAP,
-                            ctx_of(o),
-                        )
-                    })
                 })
             },
         )

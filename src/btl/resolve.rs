@@ -13,7 +13,7 @@
 //! registers nothing (vader) never reads the handle, so stock Open MPI does not show
 //! it.
 //!
-//! How: every [`Handle`] carries the range its registration covers. An operation
+//! How: every `Handle` carries the range its registration covers. An operation
 //! (put, get or atomic, native or emulated) whose target range lies outside its handle
 //! is held here, and a find request (the target address and length) goes to the target
 //! as an active message. The target answers with the handle of a live registration
@@ -32,7 +32,8 @@
 
 use super::amo;
 use super::module::{lock, Module};
-use super::rdma::{self, Handle, Req};
+use super::rdma::Req;
+use super::registration::{self, Handle};
 use crate::common::IdMap;
 use ompi_sys as sys;
 use std::os::raw::c_int;
@@ -212,7 +213,7 @@ pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
         return None;
     }
     // SAFETY: r.mp is our live module.
-    let st = unsafe { &(*r.mp).st };
+    let st = unsafe { &(*r.mp).state };
     if !st.two_sided {
         // No active messages to ask with: the provider decides.
         return None;
@@ -257,7 +258,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
     // SAFETY: caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
     // SAFETY: mp is live.
-    let st = unsafe { &(*mp).st };
+    let st = unsafe { &(*mp).state };
     if tag == TAG_FIND {
         let req = match Find::decode(bytes) {
             Ok(r) => r,
@@ -277,7 +278,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
         };
         let handle = usize::try_from(req.len)
             .ok()
-            .and_then(|n| rdma::live_handle(st, req.addr, n));
+            .and_then(|n| registration::live_handle(st, req.addr, n));
         let rep = Found { id: req.id, handle };
         let rc = amo::send(mp, ep as *mut _, TAG_FOUND, &rep.encode());
         if rc != sys::OPAL_SUCCESS {
@@ -363,7 +364,7 @@ pub(super) fn reissue(mp: *mut Module) {
             return;
         }
         // SAFETY: mp is live.
-        let st = unsafe { &(*mp).st };
+        let st = unsafe { &(*mp).state };
         st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if rc != sys::OPAL_SUCCESS {
             let r = held.r;

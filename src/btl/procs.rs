@@ -1,0 +1,157 @@
+//! The peers of a module: `add_procs` resolves each peer's endpoint name from the
+//! modex into an AV address (and opens its fast box), `del_procs` forgets them,
+//! `register_error` keeps the error callback Open MPI hands over.
+//!
+//! What it owns: the [`PeerEp`]s handed to Open MPI as endpoints, from `add_procs`
+//! until `del_procs` (or teardown). What it must not touch: the data paths, beyond
+//! failing a departing peer's queued fast-box fragments (`am`).
+
+use super::am;
+use super::module::{lock, modex_decode, Module, PeerEp, Role};
+use super::template::component;
+use crate::common::fbox;
+use crate::ompi::component::ffi_guard;
+use crate::ompi::modex;
+use ompi_sys as sys;
+use std::os::raw::c_int;
+use std::sync::atomic::AtomicUsize;
+
+pub(super) extern "C" fn add_procs(
+    btl: *mut sys::mca_btl_base_module_t,
+    nprocs: usize,
+    procs: *mut *mut sys::opal_proc_t,
+    endpoints: *mut *mut sys::mca_btl_base_endpoint_t,
+    reachable: *mut sys::opal_bitmap_t,
+) -> c_int {
+    ffi_guard("btl add_procs", sys::OPAL_ERROR, || {
+        if nprocs == 0 || procs.is_null() || endpoints.is_null() {
+            return sys::OPAL_SUCCESS;
+        }
+        // SAFETY: btl is our module.
+        let state = unsafe { &(*(btl as *mut Module)).state };
+        // SAFETY: Open MPI passes nprocs procs and nprocs endpoint slots.
+        let (procs, eps) = unsafe {
+            (
+                std::slice::from_raw_parts(procs, nprocs),
+                std::slice::from_raw_parts_mut(endpoints, nprocs),
+            )
+        };
+        let mut peers = lock(&state.peers);
+        let mut reached = 0usize;
+        for (i, &p) in procs.iter().enumerate() {
+            // SAFETY: each peer pointer in our list is live until del_procs.
+            if let Some(&known) = peers.iter().find(|&&pe| unsafe { (*pe).proc_ } == p) {
+                eps[i] = known as *mut _;
+            } else {
+                // SAFETY: p is a live opal_proc_t.
+                let (name, flags) = unsafe { (&(*p).proc_name, (*p).proc_flags) };
+                // SAFETY: plain call; the local proc exists after opal_init.
+                let me = unsafe { sys::opal_proc_local_get() };
+                if state.role == Role::OnHost
+                    && (u32::from(flags) & sys::OPAL_PROC_ON_NODE == 0 || p == me)
+                {
+                    // Another host (or this process, which the self BTL serves): the
+                    // module for every peer has it.
+                    continue;
+                }
+                let blob = match modex::recv(component(), name) {
+                    Ok(a) => a,
+                    Err(_) => continue, // the peer does not run this BTL: unreachable
+                };
+                let Some(addr) = modex_decode(&blob, state.role.record()) else {
+                    continue; // no endpoint of this kind (or a malformed record)
+                };
+                let fiaddr = match state.av.insert(addr) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        log::warn!(
+                            "fi_av_insert of a peer's address on {}: {e}",
+                            state.provider
+                        );
+                        continue;
+                    }
+                };
+                let fbox = state.fbox.as_ref().and_then(|_| {
+                    let rec = modex_decode(&blob, state.role.fbox_record())?;
+                    // SAFETY: set up before BTL init.
+                    let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
+                    fbox::Tx::open(rec, me)
+                        .inspect_err(|e| {
+                            log::info!("no fast box to a peer on {}: {e}", state.provider)
+                        })
+                        .ok()
+                });
+                let pe = Box::into_raw(Box::new(PeerEp {
+                    addr: fiaddr,
+                    proc_: p,
+                    fbox,
+                    fbox_waiting: AtomicUsize::new(0),
+                }));
+                peers.push(pe);
+                eps[i] = pe as *mut _;
+                reached += 1;
+            }
+            if !reachable.is_null() {
+                // SAFETY: reachable is a bitmap of at least nprocs bits.
+                unsafe { sys::opal_bitmap_set_bit(reachable, i as c_int) };
+            }
+        }
+        if reached > 0 && state.role == Role::OnHost {
+            log::info!(
+                "add_procs: {reached} peer(s) on this host over {}",
+                state.provider
+            );
+        } else if reached > 0 {
+            log::debug!("add_procs: {reached} new peer(s) over {}", state.provider);
+        }
+        sys::OPAL_SUCCESS
+    })
+}
+
+pub(super) extern "C" fn del_procs(
+    btl: *mut sys::mca_btl_base_module_t,
+    nprocs: usize,
+    _procs: *mut *mut sys::opal_proc_t,
+    endpoints: *mut *mut sys::mca_btl_base_endpoint_t,
+) -> c_int {
+    ffi_guard("btl del_procs", sys::OPAL_ERROR, || {
+        if nprocs == 0 || endpoints.is_null() {
+            return sys::OPAL_SUCCESS;
+        }
+        // SAFETY: btl is our module; endpoints holds nprocs entries.
+        let (state, eps) = unsafe {
+            (
+                &(*(btl as *mut Module)).state,
+                std::slice::from_raw_parts(endpoints, nprocs),
+            )
+        };
+        let mut peers = lock(&state.peers);
+        for &e in eps {
+            if let Some(pos) = peers
+                .iter()
+                .position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e)
+            {
+                let p = peers.swap_remove(pos);
+                // SAFETY: btl is our module; p is live until dropped below.
+                unsafe { am::send::forget_fbox_peer(btl as *mut Module, p) };
+                // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        sys::OPAL_SUCCESS
+    })
+}
+
+/// Kept, never called: ob1's error handler (the one registered here) aborts the job
+/// on any call (`mca_pml_ob1_error_handler`: `ompi_rte_abort`), and osc rdma registers
+/// none. Errors reach the caller through each operation's callback and status instead.
+pub(super) extern "C" fn register_error(
+    btl: *mut sys::mca_btl_base_module_t,
+    cb: sys::mca_btl_base_module_error_cb_fn_t,
+) -> c_int {
+    ffi_guard("btl register_error", sys::OPAL_ERROR, || {
+        // SAFETY: btl is our module.
+        *lock(unsafe { &(*(btl as *mut Module)).state.error_cb }) = cb;
+        sys::OPAL_SUCCESS
+    })
+}
