@@ -24,6 +24,8 @@ pub(super) mod wire;
 
 use super::module::{Module, PeerEp};
 use crate::fabric::Error;
+use crate::ompi::convertor::Convertor;
+use crate::ompi::error::OpalCode;
 use frag::{get_frag, prime, put_frag, write_header, Frag};
 use ompi_sys as sys;
 use send::{post, send_frag};
@@ -49,25 +51,15 @@ unsafe fn pack(
     if size == 0 {
         return Ok(0);
     }
-    let mut iov = libc::iovec {
-        iov_base: dst as *mut c_void,
-        iov_len: size,
-    };
-    let mut count: u32 = 1;
-    let mut max = size;
-    // SAFETY: iov describes size writable bytes.
-    let rc = unsafe {
-        sys::opal_convertor_pack(
-            conv,
-            &mut iov as *mut _ as *mut sys::iovec,
-            &mut count,
-            &mut max,
+    // SAFETY: forwarded from the caller: a prepared convertor, and size writable bytes
+    // at dst that nothing else uses during the call.
+    let (conv, dst) = unsafe {
+        (
+            Convertor::from_raw(conv),
+            std::slice::from_raw_parts_mut(dst, size),
         )
     };
-    if rc < 0 {
-        return Err(sys::OPAL_ERROR);
-    }
-    Ok(max)
+    conv.ok_or(sys::OPAL_ERROR)?.pack(dst)
 }
 
 pub(crate) extern "C" fn btl_alloc(

@@ -12,6 +12,7 @@ use super::template::component;
 use crate::common::fbox;
 use crate::ompi::component::ffi_guard;
 use crate::ompi::modex;
+use crate::ompi::proc::OpalProc;
 use ompi_sys as sys;
 use std::os::raw::c_int;
 use std::sync::atomic::AtomicUsize;
@@ -43,13 +44,10 @@ pub(super) extern "C" fn add_procs(
             if let Some(&known) = peers.iter().find(|&&pe| unsafe { (*pe).proc_ } == p) {
                 eps[i] = known as *mut _;
             } else {
-                // SAFETY: p is a live opal_proc_t.
-                let (name, flags) = unsafe { (&(*p).proc_name, (*p).proc_flags) };
-                // SAFETY: plain call; the local proc exists after opal_init.
-                let me = unsafe { sys::opal_proc_local_get() };
-                if state.role == Role::OnHost
-                    && (u32::from(flags) & sys::OPAL_PROC_ON_NODE == 0 || p == me)
-                {
+                // SAFETY: p is a live proc of the PML's add_procs.
+                let peer = unsafe { OpalProc::from_raw(p) };
+                let name = peer.name();
+                if state.role == Role::OnHost && (!peer.on_node() || peer.is_self()) {
                     // Another host (or this process, which the self BTL serves): the
                     // module for every peer has it.
                     continue;
@@ -73,9 +71,7 @@ pub(super) extern "C" fn add_procs(
                 };
                 let fbox = state.fbox.as_ref().and_then(|_| {
                     let rec = modex_decode(&blob, state.role.fbox_record())?;
-                    // SAFETY: set up before BTL init.
-                    let me = unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize;
-                    fbox::Tx::open(rec, me)
+                    fbox::Tx::open(rec, crate::ompi::proc::local_rank())
                         .inspect_err(|e| {
                             log::info!("no fast box to a peer on {}: {e}", state.provider)
                         })
@@ -91,10 +87,9 @@ pub(super) extern "C" fn add_procs(
                 eps[i] = pe as *mut _;
                 reached += 1;
             }
-            if !reachable.is_null() {
-                // SAFETY: reachable is a bitmap of at least nprocs bits.
-                unsafe { sys::opal_bitmap_set_bit(reachable, i as c_int) };
-            }
+            // SAFETY: reachable is null or the bitmap of at least nprocs bits that
+            // add_procs received.
+            unsafe { crate::ompi::proc::mark_reachable(reachable, i) };
         }
         if reached > 0 && state.role == Role::OnHost {
             log::info!(

@@ -215,8 +215,7 @@ pub(super) extern "C" fn flush(
         while state.rdma_outstanding.load(Ordering::Acquire) > 0 {
             if progress_module(module) == 0 {
                 // Another thread (or an outer frame) may be progressing: let Open MPI run.
-                // SAFETY: plain call.
-                unsafe { sys::opal_progress() };
+                crate::ompi::progress::progress();
             }
         }
         sys::OPAL_SUCCESS

@@ -24,6 +24,7 @@ use super::registration::{deregister, local_desc, register, Handle, Registration
 use super::resolve::Again;
 use crate::fabric::Error;
 use crate::ompi::component::ffi_guard;
+use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};

@@ -33,7 +33,7 @@
 //! Order: a ring delivers in the order records were committed. A user that also sends
 //! to the same peer through the provider must keep every message that carries
 //! matching order on one path (the BTL: every fragment up to the eager limit goes
-//! through the box, waiting in order when the ring is full, `btl::am::fbox_send`; the
+//! through the box, waiting in order when the ring is full, `btl::am::send::fbox_send`; the
 //! MTL: every message of software matching but its FIN and ACK, which carry no order).
 //! For the BTL, mixing paths was tried first: ob1 then sees many fragments out of
 //! sequence. Under `MPI_THREAD_MULTIPLE`, threads sharing a communicator put fragments

@@ -105,7 +105,7 @@ pub struct Quirks {
     ///
     /// So the BTL keeps its fragments within the inject size unless
     /// `btl_ofi_max_send_size` is set, and does a put longer than a packet by the
-    /// target's read (`btl::put_by_read`), or, without active messages, as writes of one
+    /// target's read (`btl::put_by_read::post`), or, without active messages, as writes of one
     /// packet; the MTL sends none longer than a packet: messages up to
     /// `mtl::softmatch::PIECES_EAGER_MAX` go in pieces of one packet, larger ones are
     /// read. Evidence: [docs/providers/udp_rxd.md](../../docs/providers/udp_rxd.md#long-sends-and-writes).

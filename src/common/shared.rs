@@ -190,8 +190,7 @@ fn open_prepared(
     exclude: Option<Vec<String>>,
     nics: select::NicPolicy,
 ) -> Result<DomainHandle, Decline> {
-    // SAFETY: opal_process_info is initialised by opal_init before components run.
-    let local_rank = unsafe { ompi_sys::opal_process_info.my_local_rank }.max(0) as u32;
+    let local_rank = crate::ompi::proc::local_rank() as u32;
     let locality = super::locality::pci_distance;
     let mut selection = select::select_provider_with(
         &req.hints,

@@ -1,9 +1,8 @@
-//! One error type over libfabric's negative `FI_E*` return codes, and the single
-//! mapping from it to Open MPI's `OPAL_ERR_*` codes used at the component boundary.
+//! One error type over libfabric's negative `FI_E*` return codes. Its mapping to Open
+//! MPI's `OPAL_ERR_*` codes is `ompi::error`'s: this room knows nothing of Open MPI.
 //! `-FI_EAGAIN` is flow control: callers test [`Error::is_again`] and progress.
 
 use libfabric_sys as fi;
-use ompi_sys as ompi;
 use std::ffi::CStr;
 use std::fmt;
 
@@ -52,30 +51,6 @@ impl Error {
             }
         }
     }
-
-    /// The Open MPI code that this error becomes at the component boundary.
-    pub fn to_opal(self) -> i32 {
-        let c = self.0 as u32;
-        match c {
-            fi::FI_EAGAIN => ompi::OPAL_ERR_TEMP_OUT_OF_RESOURCE,
-            fi::FI_ENOMEM | fi::FI_ENOSPC => ompi::OPAL_ERR_OUT_OF_RESOURCE,
-            fi::FI_EBUSY => ompi::OPAL_ERR_RESOURCE_BUSY,
-            fi::FI_EINVAL | fi::FI_EBADF | fi::FI_EBADFLAGS => ompi::OPAL_ERR_BAD_PARAM,
-            fi::FI_ENOSYS | fi::FI_EOPNOTSUPP => ompi::OPAL_ERR_NOT_SUPPORTED,
-            fi::FI_ENODATA | fi::FI_ENOENT => ompi::OPAL_ERR_NOT_FOUND,
-            fi::FI_ETIMEDOUT => ompi::OPAL_ERR_TIMEOUT,
-            fi::FI_EPERM | fi::FI_EACCES => ompi::OPAL_ERR_PERM,
-            fi::FI_ETRUNC | fi::FI_ETOOSMALL => ompi::OPAL_ERR_BUFFER,
-            fi::FI_ECONNREFUSED
-            | fi::FI_ECONNRESET
-            | fi::FI_ECONNABORTED
-            | fi::FI_ENOTCONN
-            | fi::FI_EHOSTUNREACH
-            | fi::FI_ENETUNREACH
-            | fi::FI_EADDRNOTAVAIL => ompi::OPAL_ERR_UNREACH,
-            _ => ompi::OPAL_ERROR,
-        }
-    }
 }
 
 /// Turn a libfabric return value into a `Result`: negative is an error, the rest is
@@ -116,8 +91,6 @@ mod tests {
         assert_eq!(to_result(-(fi::FI_EAGAIN as isize)), Err(Error::AGAIN));
         assert_eq!(to_result(5), Ok(5));
         assert!(Error::AGAIN.is_again());
-        assert_eq!(Error::AGAIN.to_opal(), ompi::OPAL_ERR_TEMP_OUT_OF_RESOURCE);
-        assert_eq!(Error::NOMEM.to_opal(), ompi::OPAL_ERR_OUT_OF_RESOURCE);
         assert!(
             Error::AGAIN.message().to_lowercase().contains("again")
                 || Error::AGAIN

@@ -11,6 +11,7 @@ use super::recv::post_deferred;
 use super::send::post_deferred_sends;
 use super::state::{mtl, Mtl};
 use crate::ompi::component::ffi_guard;
+use crate::ompi::error::OpalCode;
 use crate::ompi::{self};
 use libfabric_sys as fi;
 use std::os::raw::{c_int, c_void};

@@ -13,6 +13,7 @@ use super::tag::{TagLayout, TagMode};
 use crate::common::{self, fbox, DomainHandle, DomainRequest};
 use crate::fabric::{AddressVector, AvAttr, CompletionQueue, CqAttr, Endpoint, Hints};
 use crate::ompi::component::{ffi_guard, Exported};
+use crate::ompi::error::OpalCode;
 use crate::ompi::params::mtl as idx;
 use crate::ompi::{glue, modex};
 use libfabric_sys as fi;

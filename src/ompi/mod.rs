@@ -4,6 +4,7 @@
 pub mod comm;
 pub mod component;
 pub mod convertor;
+pub mod error;
 pub mod glue;
 pub mod memhooks;
 pub mod message;

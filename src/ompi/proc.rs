@@ -93,3 +93,60 @@ pub fn job_shape() -> (usize, usize) {
         )
     }
 }
+
+/// This process's rank among the processes of its node (0 before Open MPI knows it).
+pub fn local_rank() -> usize {
+    // SAFETY: a plain int of opal_process_info, set up before any component's init.
+    unsafe { sys::opal_process_info.my_local_rank }.max(0) as usize
+}
+
+/// An OPAL-level proc as the BTL interface passes it. Invariant: live while the
+/// handle is used (procs live until finalize, after the BTL's del_procs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OpalProc(*mut sys::opal_proc_t);
+
+impl OpalProc {
+    /// # Safety
+    /// `p` must be a live proc (the BTL's add_procs receives only such).
+    #[inline(always)]
+    pub unsafe fn from_raw(p: *mut sys::opal_proc_t) -> OpalProc {
+        OpalProc(p)
+    }
+
+    #[inline(always)]
+    pub fn as_ptr(self) -> *mut sys::opal_proc_t {
+        self.0
+    }
+
+    /// The process name the modex is keyed by.
+    #[inline]
+    pub fn name(&self) -> &sys::opal_process_name_t {
+        // SAFETY: a live proc (the type's invariant); the name is embedded in it.
+        unsafe { &(*self.0).proc_name }
+    }
+
+    /// Is the proc on this node?
+    #[inline]
+    pub fn on_node(self) -> bool {
+        // SAFETY: a live proc; its flags are set before add_procs.
+        u32::from(unsafe { (*self.0).proc_flags }) & sys::OPAL_PROC_ON_NODE != 0
+    }
+
+    /// Is the proc this process?
+    #[inline]
+    pub fn is_self(self) -> bool {
+        // SAFETY: returns the local proc (or null before opal_init).
+        self.0 == unsafe { sys::opal_proc_local_get() }
+    }
+}
+
+/// Mark peer `i` reachable in the BTL's add_procs bitmap (if the caller passed one).
+///
+/// # Safety
+/// `bitmap` is null or the bitmap of at least `i + 1` bits that add_procs received.
+pub unsafe fn mark_reachable(bitmap: *mut sys::opal_bitmap_t, i: usize) {
+    if !bitmap.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { sys::opal_bitmap_set_bit(bitmap, i as std::os::raw::c_int) };
+    }
+}

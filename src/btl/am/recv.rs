@@ -82,8 +82,7 @@ unsafe fn repost(state: &State, rb: *mut RecvBuf) -> Result<(), Error> {
         match unsafe { try_post(state, rb) } {
             Err(Error::AGAIN) => {
                 // Receives are only refused for lack of resources: reap some.
-                // SAFETY: plain call.
-                unsafe { sys::opal_progress() };
+                crate::ompi::progress::progress();
             }
             other => return other,
         }

@@ -9,6 +9,7 @@ use super::frag::{put_frag, Frag};
 use super::wire::{PieceHeader, HDR, INLINE_MAX, PIECE_HDR, PIECE_LIMIT};
 use crate::btl::module::{lock, Module, PeerEp, State};
 use crate::fabric::Error;
+use crate::ompi::error::OpalCode;
 use ompi_sys as sys;
 use std::mem::offset_of;
 use std::os::raw::{c_int, c_void};

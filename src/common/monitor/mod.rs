@@ -46,6 +46,7 @@
 //! reported, and when Open MPI's hooks are unavailable we choose userfaultfd or disable
 //! caching explicitly instead of silently leaving libfabric on its own memhooks.
 
+use crate::ompi::error::OpalCode;
 use std::ffi::{c_char, c_void, CStr};
 use std::fmt;
 use std::ptr::null_mut;

@@ -14,6 +14,7 @@ use crate::mtl::progress;
 use crate::mtl::request::Kind;
 use crate::mtl::request::Request;
 use crate::mtl::state::Mtl;
+use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
