@@ -31,11 +31,9 @@ use std::collections::VecDeque;
 use std::os::raw::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::common::sync::lock;
 
 /// What `add_procs` hands Open MPI as `mca_btl_base_endpoint_t`.
 pub struct PeerEp {

@@ -13,9 +13,7 @@ use std::sync::Mutex;
 static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
 static OUTPUT_USERS: Mutex<u32> = Mutex::new(0);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common::sync::lock;
 
 /// Register the `opal_common_ofi_*` parameters (once per load) and the
 /// `<component>_ofi_*` synonyms of the component that calls.

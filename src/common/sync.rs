@@ -10,6 +10,13 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+/// Take `m`, also when a panic poisoned it. Every extern "C" entry runs under
+/// `ffi_guard`, so a panic ends the call it happened in and the lists behind these
+/// mutexes stay as that call left them; the one lock helper of the crate.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A mutex that is taken only when it must be (libfabric calls below
 /// `FI_THREAD_SAFE` with MPI threads).
 pub struct MaybeLock {

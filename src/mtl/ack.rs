@@ -45,9 +45,7 @@ pub struct Acks {
     waiting: Mutex<IdMap<u32, usize>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common::sync::lock;
 
 /// Post pool receive `r` on context `index`.
 fn post(m: &Mtl, index: usize, r: &mut Request) -> isize {
@@ -82,7 +80,9 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
         return Ok(());
     }
     for index in 0..m.ctxs.len() {
-        for _ in 0..POOL {
+        // After a failed try, the receives posted then are in `pool` already.
+        let have = pool.iter().filter(|(i, _)| *i == index).count();
+        for _ in have..POOL {
             let mut r = Box::new(Request::internal(Kind::Ack, None));
             let ret = post(m, index, &mut r);
             if ret < 0 {
@@ -90,7 +90,7 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
                     "posting the receives of synchronous sends' acknowledgements failed: {}",
                     crate::fabric::Error::from_ret(ret)
                 );
-                // The ones posted stay in `pool` and are posted on the next try.
+                // The ones posted stay in `pool`; the next try posts the rest.
                 return Err(fi_to_ompi(ret));
             }
             pool.push((index, r));

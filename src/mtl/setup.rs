@@ -42,9 +42,7 @@ unsafe impl Send for Resources {}
 static RESOURCES: Mutex<Option<Resources>> = Mutex::new(None);
 static CID_WARNED: AtomicBool = AtomicBool::new(false);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common::sync::lock;
 
 static MODULE: Exported<sys::mca_mtl_base_module_t> = Exported::new(sys::mca_mtl_base_module_t {
     mtl_max_contextid: 0,

@@ -119,37 +119,34 @@ pub struct SendData {
     pub owned: bool,
 }
 
+/// Where the data of `conv` is: the user's memory when it is one contiguous block,
+/// else a fresh `libc::malloc` buffer of its packed size (`owned`).
+fn region(conv: Convertor) -> Result<(*mut u8, usize, bool), c_int> {
+    let Info { size, contig } = conv.info();
+    if size == 0 {
+        return Ok((ptr::null_mut(), 0, false));
+    }
+    if let Some(start) = contig {
+        return Ok((start, size, false));
+    }
+    // SAFETY: plain allocation; checked for null.
+    let buf = unsafe { libc::malloc(size) } as *mut u8;
+    if buf.is_null() {
+        return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+    }
+    Ok((buf, size, true))
+}
+
 impl SendData {
     /// The data of `conv`, packed only when it is not contiguous.
     pub fn of(conv: Convertor) -> Result<SendData, c_int> {
-        let Info { size, contig } = conv.info();
-        if size == 0 {
-            return Ok(SendData {
-                ptr: ptr::null(),
-                len: 0,
-                owned: false,
-            });
+        let (ptr, len, owned) = region(conv)?;
+        let data = SendData { ptr, len, owned };
+        if owned {
+            // SAFETY: ptr holds len bytes, allocated by region and not shared.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            conv.pack(dst).map_err(|_| sys::OMPI_ERROR)?;
         }
-        if let Some(start) = contig {
-            return Ok(SendData {
-                ptr: start,
-                len: size,
-                owned: false,
-            });
-        }
-        // SAFETY: plain allocation; checked for null.
-        let buf = unsafe { libc::malloc(size) } as *mut u8;
-        if buf.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        let data = SendData {
-            ptr: buf,
-            len: size,
-            owned: true,
-        };
-        // SAFETY: buf holds size bytes, allocated above and not shared.
-        let dst = unsafe { std::slice::from_raw_parts_mut(buf, size) };
-        conv.pack(dst).map_err(|_| sys::OMPI_ERROR)?;
         Ok(data)
     }
 
@@ -179,30 +176,7 @@ pub struct RecvBuffer {
 
 impl RecvBuffer {
     pub fn of(conv: Convertor) -> Result<RecvBuffer, c_int> {
-        let Info { size, contig } = conv.info();
-        if size == 0 {
-            return Ok(RecvBuffer {
-                ptr: ptr::null_mut(),
-                len: 0,
-                owned: false,
-            });
-        }
-        if let Some(start) = contig {
-            return Ok(RecvBuffer {
-                ptr: start,
-                len: size,
-                owned: false,
-            });
-        }
-        // SAFETY: plain allocation; checked for null.
-        let buf = unsafe { libc::malloc(size) } as *mut u8;
-        if buf.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        Ok(RecvBuffer {
-            ptr: buf,
-            len: size,
-            owned: true,
-        })
+        let (ptr, len, owned) = region(conv)?;
+        Ok(RecvBuffer { ptr, len, owned })
     }
 }
