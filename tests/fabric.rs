@@ -20,6 +20,12 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The proof the CQ calls take: each test drives its objects from its own thread only.
+fn serial() -> ompi_ofi::fabric::Serialized<'static> {
+    // SAFETY: every object of a test is used only by the thread that runs the test.
+    unsafe { ompi_ofi::fabric::Serialized::assume() }
+}
+
 fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
 }
@@ -133,8 +139,8 @@ fn objects_open_close(prov: &str, expect_prefix: &str) {
 
     // An idle CQ reads as 0 completions and has no error entry.
     let mut entries = [fi::fi_cq_tagged_entry::default(); 4];
-    assert_eq!(cq.read(&mut entries), Ok(0));
-    assert!(cq.readerr().expect("readerr").is_none());
+    assert_eq!(cq.read(&serial(), &mut entries), Ok(0));
+    assert!(cq.readerr(&serial()).expect("readerr").is_none());
 
     // A second CQ format: read() refuses it rather than misreading entries.
     let ctx_cq = CompletionQueue::open(
@@ -146,7 +152,7 @@ fn objects_open_close(prov: &str, expect_prefix: &str) {
         },
     )
     .expect("fi_cq_open(context format)");
-    assert_eq!(ctx_cq.read(&mut entries), Err(Error::INVAL));
+    assert_eq!(ctx_cq.read(&serial(), &mut entries), Err(Error::INVAL));
 
     // Memory registration.
     let buf = vec![0u8; 8192];
@@ -194,10 +200,13 @@ impl<'a> Poller<'a> {
     fn progress(&mut self) {
         let mut entries = [fi::fi_cq_tagged_entry::default(); 8];
         for (i, cq) in self.cqs.iter().enumerate() {
-            match cq.read(&mut entries) {
+            match cq.read(&serial(), &mut entries) {
                 Ok(n) => self.seen.extend(entries[..n].iter().map(|e| (i, *e))),
                 Err(e) if e == Error::AVAIL => {
-                    let err = cq.readerr().expect("readerr").expect("an error entry");
+                    let err = cq
+                        .readerr(&serial())
+                        .expect("readerr")
+                        .expect("an error entry");
                     panic!("error completion on CQ {i}: {err:?}: {}", cq.strerror(&err));
                 }
                 Err(e) => panic!("fi_cq_read on CQ {i}: {e}"),
@@ -499,14 +508,17 @@ fn cancel_recv(prov: &str) {
     let start = Instant::now();
     let mut entries = [fi::fi_cq_tagged_entry::default(); 4];
     let err = loop {
-        match cq.read(&mut entries) {
+        match cq.read(&serial(), &mut entries) {
             Ok(0) => {}
             Ok(n) => panic!(
                 "{prov}: {n} unexpected completions after cancel: {:?}",
                 entries[0].op_context
             ),
             Err(e) if e == Error::AVAIL => {
-                break cq.readerr().expect("readerr").expect("error entry")
+                break cq
+                    .readerr(&serial())
+                    .expect("readerr")
+                    .expect("error entry")
             }
             Err(e) => panic!("{prov}: fi_cq_read: {e}"),
         }
@@ -518,7 +530,7 @@ fn cancel_recv(prov: &str) {
     log::info!("{prov}: cancelled: {err:?}: {}", cq.strerror(&err));
     assert_eq!(err.error(), Error::CANCELED);
     assert_eq!(err.op_context, c);
-    assert!(cq.readerr().expect("readerr").is_none());
+    assert!(cq.readerr(&serial()).expect("readerr").is_none());
     drop(rmr);
 }
 

@@ -263,6 +263,13 @@ impl State {
         f()
     }
 
+    /// [`State::fi`] for calls that take the lock's proof (reading a CQ).
+    #[inline]
+    pub fn fi_serial<R>(&self, f: impl FnOnce(&crate::fabric::Serialized<'_>) -> R) -> R {
+        let g = self.fi_lock.lock();
+        f(&g.serialized())
+    }
+
     /// Progress from the send path when too much is outstanding.
     #[inline]
     pub fn maybe_progress(&self, module: *mut Module) {

@@ -313,7 +313,10 @@ fn assemble_module(
         put_by_read,
         fbox,
     } = receives;
-    let mpi_threads = cfg.mpi_threads;
+    // SAFETY: cfg.mpi_threads is Open MPI's enable_mpi_threads of the component's init:
+    // false only when one thread at a time calls into MPI.
+    let threads = unsafe { crate::common::sync::Threads::of(cfg.mpi_threads) };
+    let mpi_threads = threads.multiple();
     let mr_mode = domain.info().mr_mode();
     let inject_size = domain.info().inject_size();
     let frag_payload = sup.btl_max_send_size;
@@ -327,7 +330,7 @@ fn assemble_module(
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             av,
-            fi_lock: MaybeLock::new(mpi_threads && domain.threading() != fi::FI_THREAD_SAFE),
+            fi_lock: MaybeLock::for_domain(threads, domain.domain()),
             provider: provider.to_string(),
             role,
             two_sided: sup.btl_flags & sys::MCA_BTL_FLAGS_SEND != 0,
@@ -350,7 +353,7 @@ fn assemble_module(
             next_piece_id: AtomicU64::new(crate::common::random_odd()),
             assembly: crate::common::sync::MaybeMutex::new(
                 crate::common::IdMap::default(),
-                mpi_threads,
+                threads,
             ),
             assembled: AtomicU64::new(0),
             frag_payload,

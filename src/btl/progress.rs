@@ -91,7 +91,7 @@ fn progress_cq(module: *mut Module, state: &State, cq: &CompletionQueue, budget:
     let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
     loop {
         let want = CHUNK.min(budget - total.min(budget)).max(1);
-        let r = state.fi(|| cq.read_uninit(&mut entries[..want]));
+        let r = state.fi_serial(|s| cq.read_uninit(s, &mut entries[..want]));
         match r {
             Ok(done) => {
                 let n = done.len();
@@ -105,7 +105,7 @@ fn progress_cq(module: *mut Module, state: &State, cq: &CompletionQueue, budget:
                 }
             }
             Err(err) if err == crate::fabric::Error::AVAIL => {
-                let entry = state.fi(|| cq.readerr());
+                let entry = state.fi_serial(|s| cq.readerr(s));
                 match entry {
                     Ok(Some(ce)) => {
                         let seen = state.cq_errors.fetch_add(1, Ordering::Relaxed);

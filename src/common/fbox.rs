@@ -488,6 +488,29 @@ impl Tx {
     }
 }
 
+impl Tx {
+    /// Send one record made of `parts`, one after the other, under tag 0: `false` when
+    /// the ring has no room for it now.
+    #[inline]
+    pub fn send(&self, parts: &[&[u8]], tag: u8) -> bool {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let Some(slot) = self.reserve(len) else {
+            return false;
+        };
+        let mut at = slot.payload();
+        for p in parts {
+            // SAFETY: the slot has room for `len` bytes (reserve), the sum of the parts'
+            // lengths; the parts are ours to read and do not overlap the ring.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), at, p.len());
+                at = at.add(p.len());
+            }
+        }
+        slot.commit(len, tag);
+        true
+    }
+}
+
 impl Drop for Tx {
     fn drop(&mut self) {
         // The ring is free for another process (head stays in its line for the next

@@ -5,6 +5,7 @@
 //! every poll (on this machine's cores they were the largest part of an empty poll of
 //! ours, measured with `perf annotate`).
 
+use crate::fabric::{Domain, Serialized};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,32 +18,93 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether several threads may be inside the component at once. "One at a time" is a
+/// promise only `unsafe` code can make ([`Threads::of`]), because the locks below skip
+/// their mutex on it: Open MPI makes it at component init (`enable_mpi_threads` false
+/// below `MPI_THREAD_MULTIPLE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Threads {
+    multiple: bool,
+}
+
+impl Threads {
+    /// Several threads may call in at once: every lock is taken.
+    pub const MULTIPLE: Threads = Threads { multiple: true };
+
+    /// # Safety
+    /// With `multiple` false: for as long as any lock built with the result lives, at
+    /// most one thread at a time calls into the component (Open MPI's promise when it
+    /// passes `enable_mpi_threads` false to the component's init).
+    pub const unsafe fn of(multiple: bool) -> Threads {
+        Threads { multiple }
+    }
+
+    /// May several threads call in at once?
+    #[inline(always)]
+    pub fn multiple(self) -> bool {
+        self.multiple
+    }
+}
+
 /// A mutex that is taken only when it must be (libfabric calls below
-/// `FI_THREAD_SAFE` with MPI threads).
+/// `FI_THREAD_SAFE` with MPI threads). Its guard is the [`Serialized`] proof that the
+/// fabric's data-path calls take.
 pub struct MaybeLock {
     enabled: bool,
     m: Mutex<()>,
 }
 
+/// Holds a [`MaybeLock`] until dropped.
+pub struct MaybeLockGuard<'a> {
+    _g: Option<MutexGuard<'a, ()>>,
+}
+
 impl MaybeLock {
-    pub fn new(enabled: bool) -> Self {
+    /// A lock taken whenever several threads may be inside MPI (whatever the provider's
+    /// threading level).
+    pub fn new(threads: Threads) -> Self {
         MaybeLock {
-            enabled,
+            enabled: threads.multiple(),
             m: Mutex::new(()),
         }
     }
 
+    /// A lock for the libfabric calls on `domain`: taken with several threads, unless
+    /// the domain is `FI_THREAD_SAFE`.
+    pub fn for_domain(threads: Threads, domain: &Domain) -> Self {
+        MaybeLock {
+            enabled: threads.multiple() && domain.threading() != libfabric_sys::FI_THREAD_SAFE,
+            m: Mutex::new(()),
+        }
+    }
+
+    /// The mutex guards no data (only the order of libfabric calls), so a panic
+    /// while it was held leaves nothing half-updated: a poisoned lock is taken.
     #[inline]
-    pub fn lock(&self) -> Option<MutexGuard<'_, ()>> {
-        self.enabled
-            .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner()))
+    pub fn lock(&self) -> MaybeLockGuard<'_> {
+        MaybeLockGuard {
+            _g: self
+                .enabled
+                .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+}
+
+impl MaybeLockGuard<'_> {
+    /// The proof the fabric's data-path calls take, for the domain this lock serialises.
+    #[inline(always)]
+    pub fn serialized(&self) -> Serialized<'_> {
+        // SAFETY: while the guard lives, either the mutex is held, or the lock was built
+        // without it from `Threads` (one thread at a time, `Threads::of`'s promise) or
+        // for an FI_THREAD_SAFE domain; the proof borrows the guard.
+        unsafe { Serialized::assume() }
     }
 }
 
 /// Data behind a mutex that is taken only with MPI threads. Without them one thread at
-/// a time is inside MPI, and the code never holds two guards of one `MaybeMutex` (it
-/// would deadlock on a real mutex), so the guard alone gives exclusive access; debug
-/// builds check that no second guard is taken.
+/// a time is inside MPI ([`Threads`]), and the code never holds two guards of one
+/// `MaybeMutex` (it would deadlock on a real mutex), so the guard alone gives exclusive
+/// access; debug builds check that no second guard is taken.
 pub struct MaybeMutex<T> {
     enabled: bool,
     m: Mutex<()>,
@@ -50,8 +112,9 @@ pub struct MaybeMutex<T> {
     v: UnsafeCell<T>,
 }
 
-// SAFETY: access to `v` goes through a guard: under the mutex with MPI threads, and by
-// the one thread inside MPI without them (see the type's docs).
+// SAFETY: access to `v` goes through a guard: under the mutex with several threads, and
+// by the one thread inside the component without them (the promise `Threads::of` holds
+// its caller to).
 unsafe impl<T: Send> Sync for MaybeMutex<T> {}
 
 /// Exclusive access to a [`MaybeMutex`]'s data until dropped.
@@ -61,16 +124,17 @@ pub struct MaybeMutexGuard<'a, T> {
 }
 
 impl<T> MaybeMutex<T> {
-    /// `threads`: several threads may call into MPI at once (take the mutex).
-    pub fn new(v: T, threads: bool) -> Self {
+    pub fn new(v: T, threads: Threads) -> Self {
         MaybeMutex {
-            enabled: threads,
+            enabled: threads.multiple(),
             m: Mutex::new(()),
             held: AtomicBool::new(false),
             v: UnsafeCell::new(v),
         }
     }
 
+    /// A panic while a guard was held may have left the data half-updated; the mutex
+    /// is then taken anyway, for the reason [`lock`] gives.
     #[inline]
     pub fn lock(&self) -> MaybeMutexGuard<'_, T> {
         let g = self
@@ -91,7 +155,8 @@ impl<T> Deref for MaybeMutexGuard<'_, T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: the guard gives exclusive access (see MaybeMutex).
+        // SAFETY: the guard gives exclusive access: the mutex is held, or one thread at
+        // a time is inside the component and it holds no other guard (see MaybeMutex).
         unsafe { &*self.owner.v.get() }
     }
 }
@@ -99,7 +164,8 @@ impl<T> Deref for MaybeMutexGuard<'_, T> {
 impl<T> DerefMut for MaybeMutexGuard<'_, T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as above.
+        // SAFETY: the guard gives exclusive access: the mutex is held, or one thread at
+        // a time is inside the component and it holds no other guard (see MaybeMutex).
         unsafe { &mut *self.owner.v.get() }
     }
 }
@@ -148,6 +214,14 @@ impl Serial {
             self.busy.store(true, Ordering::Relaxed);
         }
         Some(SerialGuard(self))
+    }
+}
+
+impl SerialGuard<'_> {
+    /// Is this the guard of `s`?
+    #[inline(always)]
+    pub fn is_of(&self, s: &Serial) -> bool {
+        std::ptr::eq(self.0, s)
     }
 }
 
@@ -325,7 +399,7 @@ mod tests {
 
     #[test]
     fn maybe_mutex_serialises_threads() {
-        let m = MaybeMutex::new(0u64, true);
+        let m = MaybeMutex::new(0u64, Threads::MULTIPLE);
         std::thread::scope(|sc| {
             for _ in 0..4 {
                 sc.spawn(|| {
@@ -336,14 +410,17 @@ mod tests {
             }
         });
         assert_eq!(*m.lock(), 40_000);
-        let single = MaybeMutex::new(vec![1], false);
+        // SAFETY: this test's one thread is the only one that touches `single`.
+        let single = MaybeMutex::new(vec![1], unsafe { Threads::of(false) });
         single.lock().push(2);
         assert_eq!(*single.lock(), vec![1, 2]);
     }
 
     #[test]
     fn maybe_lock_only_when_enabled() {
-        assert!(MaybeLock::new(false).lock().is_none());
-        assert!(MaybeLock::new(true).lock().is_some());
+        // SAFETY: this test's one thread is the only one that takes the lock.
+        let single = MaybeLock::new(unsafe { Threads::of(false) });
+        assert!(single.lock()._g.is_none());
+        assert!(MaybeLock::new(Threads::MULTIPLE).lock()._g.is_some());
     }
 }

@@ -4,6 +4,7 @@
 
 use super::domain::Domain;
 use super::error::{check, Error, Result};
+use super::post::Serialized;
 use libfabric_sys as fi;
 use libfabric_sys::fi_cq_tagged_entry;
 use std::ffi::{c_void, CStr};
@@ -123,12 +124,10 @@ impl CompletionQueue {
     /// are none (`-FI_EAGAIN`), `Err(Error::AVAIL)` when an error completion is at the
     /// head (fetch it with [`CompletionQueue::readerr`]). Reading also drives the
     /// provider's manual progress. The CQ must have been opened with the tagged format
-    /// (`Err(INVAL)` otherwise).
-    ///
-    /// Thread safety: see the module docs of `fabric` (the caller serializes below
-    /// `FI_THREAD_SAFE`).
+    /// (`Err(INVAL)` otherwise). `_s`: calls on the domain are serialised now (two
+    /// threads must not read one CQ at once below `FI_THREAD_SAFE`).
     #[inline]
-    pub fn read(&self, entries: &mut [fi_cq_tagged_entry]) -> Result<usize> {
+    pub fn read(&self, s: &Serialized<'_>, entries: &mut [fi_cq_tagged_entry]) -> Result<usize> {
         // SAFETY: an initialised entry is a valid MaybeUninit entry, and the provider
         // writes only whole, valid entries.
         let uninit = unsafe {
@@ -139,7 +138,7 @@ impl CompletionQueue {
                 entries.len(),
             )
         };
-        self.read_uninit(uninit).map(|e| e.len())
+        self.read_uninit(s, uninit).map(|e| e.len())
     }
 
     /// [`CompletionQueue::read`] into uninitialised storage (the data path polls with a
@@ -147,32 +146,10 @@ impl CompletionQueue {
     #[inline]
     pub fn read_uninit<'e>(
         &self,
+        s: &Serialized<'_>,
         entries: &'e mut [std::mem::MaybeUninit<fi_cq_tagged_entry>],
     ) -> Result<&'e [fi_cq_tagged_entry]> {
-        if self.format != fi::FI_CQ_FORMAT_TAGGED {
-            return Err(Error::INVAL);
-        }
-        // SAFETY: the CQ is open and tagged-format, so the provider writes at most
-        // entries.len() fi_cq_tagged_entry records into the slice.
-        let ret = unsafe {
-            fi::fi_cq_read(
-                self.fid.as_ptr(),
-                entries.as_mut_ptr().cast(),
-                entries.len(),
-            )
-        };
-        if ret >= 0 {
-            let n = (ret as usize).min(entries.len());
-            // SAFETY: fi_cq_read wrote the first n entries.
-            Ok(unsafe { std::slice::from_raw_parts(entries.as_ptr().cast(), n) })
-        } else {
-            let e = Error::from_ret(ret);
-            if e.is_again() {
-                Ok(&[])
-            } else {
-                Err(e)
-            }
-        }
+        self.tagged().ok_or(Error::INVAL)?.read(s, entries)
     }
 
     /// `fi_cq_read` into a buffer of the CQ's own format; returns the raw result
@@ -187,11 +164,12 @@ impl CompletionQueue {
     }
 
     /// `fi_cq_readerr`: the error completion at the head of the queue, `Ok(None)` if
-    /// there is none.
-    pub fn readerr(&self) -> Result<Option<CqErrEntry>> {
+    /// there is none, with the provider's error data copied.
+    pub fn readerr(&self, _s: &Serialized<'_>) -> Result<Option<CqErrEntry>> {
         // err_data_size 0: the provider points err_data at its own buffer (API >= 1.5).
         let mut e = fi::fi_cq_err_entry::default();
-        // SAFETY: the CQ is open; e is a valid, zeroed error entry.
+        // SAFETY: the CQ is open; e is a valid, zeroed error entry; calls on the domain
+        // are serialised (`_s`).
         let ret = unsafe { fi::fi_cq_readerr(self.fid.as_ptr(), &mut e, 0) };
         if ret < 0 {
             let err = Error::from_ret(ret);
@@ -260,6 +238,12 @@ impl CompletionQueue {
     /// The raw CQ, for calls this crate does not wrap.
     pub fn as_ptr(&self) -> *mut fi::fid_cq {
         self.fid.as_ptr()
+    }
+
+    /// The open fid (the invariant), for the data path's view of it (`post.rs`).
+    #[inline(always)]
+    pub(super) fn fid(&self) -> NonNull<fi::fid_cq> {
+        self.fid
     }
 
     pub(crate) fn as_fid(&self) -> *mut fi::fid {

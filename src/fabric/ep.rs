@@ -250,6 +250,12 @@ impl Endpoint {
         self.fid.as_ptr()
     }
 
+    /// The open fid (the invariant), for the data path's view of it (`post.rs`).
+    #[inline(always)]
+    pub(super) fn fid(&self) -> NonNull<fi::fid_ep> {
+        self.fid
+    }
+
     // ----------------------------------------------------------------------------
     // Data path. Common safety contract of every method below:
     // - every buffer (and iovec/desc array and message struct) passed in stays valid,

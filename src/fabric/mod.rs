@@ -46,6 +46,7 @@ pub mod error;
 pub mod fabric;
 pub mod info;
 pub mod mr;
+pub mod post;
 
 pub use av::{AddressVector, AvAttr};
 pub use cq::{CompletionQueue, CqAttr, CqErrEntry};
@@ -57,6 +58,7 @@ pub use info::{
     runtime_version, Hints, InfoIter, InfoList, InfoRef, OwnedInfo, PciAddr, API_VERSION,
 };
 pub use mr::MemoryRegion;
+pub use post::{CqRef, EpRef, OpContext, RecvBuf, SendBuf, Serialized};
 
 pub use libfabric_sys::{
     fi_addr_t, fi_context, fi_context2, fi_cq_tagged_entry, fi_msg_tagged, iovec,

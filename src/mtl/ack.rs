@@ -18,14 +18,14 @@
 //! [`TagLayout::ack_any`]: super::tag::TagLayout::ack_any
 
 use super::completion::finish_part;
-use super::progress::{fi_to_ompi, retry};
-use super::request::{Kind, Request};
-use super::state::Mtl;
+use super::progress::retry;
+use super::request::{Kind, Req, Request};
+use super::state::{locked, Mtl};
 use crate::common::IdMap;
-use crate::fabric::FI_ADDR_UNSPEC;
+use crate::fabric::{self, RecvBuf, FI_ADDR_UNSPEC};
+use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
 use std::os::raw::c_int;
-use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -41,32 +41,25 @@ pub struct Acks {
     pool: Mutex<Vec<(usize, Box<Request>)>>,
     /// The pool is posted (on the first synchronous send).
     ready: AtomicBool,
-    /// Synchronous sends by id: the request's address.
-    waiting: Mutex<IdMap<u32, usize>>,
+    /// Synchronous sends by id.
+    waiting: Mutex<IdMap<u32, Req>>,
 }
 
-use crate::common::sync::lock;
-
 /// Post pool receive `r` on context `index`.
-fn post(m: &Mtl, index: usize, r: &mut Request) -> isize {
+fn post(m: &Mtl, index: usize, r: Req) -> fabric::Result<()> {
     let (bits, ignore) = m.layout.ack_any();
-    let rx = m.ctxs[index].rx;
-    let ctx = r.ctx_ptr();
-    retry(m, || {
-        // SAFETY: a zero-byte receive; its context is a pool request, which lives until
-        // the MTL state is dropped after the endpoint closed.
-        unsafe {
-            fi::fi_trecv(
-                rx,
-                ptr::null_mut(),
-                0,
-                ptr::null_mut(),
-                FI_ADDR_UNSPEC,
-                bits,
-                ignore,
-                ctx,
-            )
-        }
+    let rx = m.ctxs[index].rx();
+    let ctx = r.op_context();
+    retry(m, |s| {
+        rx.trecv(
+            s,
+            RecvBuf::EMPTY,
+            RecvBuf::EMPTY,
+            FI_ADDR_UNSPEC,
+            bits,
+            ignore,
+            ctx,
+        )
     })
 }
 
@@ -75,7 +68,7 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
     if m.acks.ready.load(Ordering::Acquire) {
         return Ok(());
     }
-    let mut pool = lock(&m.acks.pool);
+    let mut pool = locked(&m.acks.pool)?;
     if m.acks.ready.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -84,14 +77,16 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
         let have = pool.iter().filter(|(i, _)| *i == index).count();
         for _ in have..POOL {
             let mut r = Box::new(Request::internal(Kind::Ack, None));
-            let ret = post(m, index, &mut r);
-            if ret < 0 {
+            // SAFETY: the Box goes into `pool` below (or is dropped unposted), which
+            // keeps it, unmoved on the heap, until the MTL state is dropped after the
+            // endpoint closed; it is used only through handles meanwhile.
+            let h = unsafe { Req::of(&mut r) };
+            if let Err(e) = post(m, index, h) {
                 log::error!(
-                    "posting the receives of synchronous sends' acknowledgements failed: {}",
-                    crate::fabric::Error::from_ret(ret)
+                    "posting the receives of synchronous sends' acknowledgements failed: {e}"
                 );
                 // The ones posted stay in `pool`; the next try posts the rest.
-                return Err(fi_to_ompi(ret));
+                return Err(e.to_opal());
             }
             pool.push((index, r));
         }
@@ -101,9 +96,9 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
 }
 
 /// Synchronous send `r` with id `id` waits for its acknowledgement from now on.
-pub(super) fn expect(m: &Mtl, r: *mut Request, id: u32) -> Result<(), c_int> {
+pub(super) fn expect(m: &Mtl, r: Req, id: u32) -> Result<(), c_int> {
     ensure_pool(m)?;
-    if lock(&m.acks.waiting).insert(id, r as usize).is_some() {
+    if locked(&m.acks.waiting)?.insert(id, r).is_some() {
         log::warn!(
             "synchronous send id {id} is still in flight from an earlier send: more \
              synchronous sends in flight than the tag layout has ids"
@@ -114,55 +109,50 @@ pub(super) fn expect(m: &Mtl, r: *mut Request, id: u32) -> Result<(), c_int> {
 
 /// Synchronous send `id` failed before it went out: no acknowledgement comes.
 pub(super) fn forget(m: &Mtl, id: u32) {
-    lock(&m.acks.waiting).remove(&id);
+    if let Ok(mut w) = locked(&m.acks.waiting) {
+        w.remove(&id);
+    }
 }
 
 /// The context index pool request `r` is posted on.
-fn index_of(m: &Mtl, r: *mut Request) -> Option<usize> {
+fn index_of(m: &Mtl, r: Req) -> Option<usize> {
     if m.ctxs.len() == 1 {
         return Some(0);
     }
-    lock(&m.acks.pool)
+    locked(&m.acks.pool)
+        .ok()?
         .iter()
-        .find(|(_, b)| ptr::eq(&**b, r))
+        .find(|(_, b)| Req::addr_of(b) == r.addr())
         .map(|(i, _)| *i)
 }
 
 /// Post pool request `r` again after its completion.
-fn repost(m: &Mtl, r: *mut Request) {
+fn repost(m: &Mtl, r: Req) {
     let Some(index) = index_of(m, r) else {
         log::error!("an acknowledgement completed on a receive that is not the pool's");
         return;
     };
-    // SAFETY: r is a pool request (a Box in `pool`, alive while the MTL is); its
-    // receive just completed, so nothing else uses it.
-    let ret = post(m, index, unsafe { &mut *r });
-    if ret < 0 {
-        log::error!(
-            "reposting an acknowledgement receive failed: {}",
-            crate::fabric::Error::from_ret(ret)
-        );
+    if let Err(e) = post(m, index, r) {
+        log::error!("reposting an acknowledgement receive failed: {e}");
     }
 }
 
-/// An acknowledgement with tag `bits` arrived in pool request `r`.
-///
-/// # Safety
-/// `r` is a pool request whose receive completed.
-pub(super) unsafe fn arrived(m: &Mtl, r: *mut Request, bits: u64) {
+/// An acknowledgement with tag `bits` arrived in pool request `r`, whose receive
+/// completed.
+pub(super) fn arrived(m: &Mtl, r: Req, bits: u64) {
     let id = m.layout.ack_id(bits);
-    let send = lock(&m.acks.waiting).remove(&id);
+    let send = locked(&m.acks.waiting).ok().and_then(|mut w| w.remove(&id));
     repost(m, r);
     match send {
-        // SAFETY: a waiting synchronous send is live until both its completions came.
-        Some(send) => unsafe { finish_part(send as *mut Request) },
+        // A waiting synchronous send is live until both its completions came.
+        Some(send) => finish_part(send),
         None => log::error!("an acknowledgement for no synchronous send in flight (id {id})"),
     }
 }
 
 /// Pool request `r` completed with error `code`: cancelled when the endpoint closes,
 /// else logged and posted again.
-pub(super) fn failed(m: &Mtl, r: *mut Request, code: u32) {
+pub(super) fn failed(m: &Mtl, r: Req, code: u32) {
     if code == fi::FI_ECANCELED {
         return;
     }

@@ -1,39 +1,31 @@
 //! The MTL module's `extern "C"` entries: one thin adapter each, which turns the
-//! PML's raw pointers into the handles of `ompi::comm` and `ompi::convertor` (and
-//! references where the PML passes out-parameters), and keeps panics out of C.
+//! PML's raw pointers into typed handles (`ompi::comm::Comm`, `ompi::convertor::
+//! Convertor`, `ompi::message::Message`, our [`Req`], references for out-parameters),
+//! takes the [`Entry`] that the state is reached through, and keeps panics out of C:
+//! a caught panic marks the module failed ([`FAILED`]) and every later data-path call
+//! is refused with `OMPI_ERROR`.
 //!
-//! What it owns: the promises about the PML's pointers, made once here. What it must
-//! not touch: the data path itself (`send`, `recv`, `probe`).
+//! What it owns: the promises about the PML's pointers, made once here, one `unsafe`
+//! block per entry. What it must not touch: the data path itself (`send`, `recv`,
+//! `probe`).
 
 use super::probe::{improbe_impl, imrecv_impl, iprobe_impl};
 use super::recv::{cancel_impl, irecv_impl};
+use super::request::{Kind, Req};
 use super::send::{isend_impl, send_impl};
+use super::state::{Entry, FAILED};
 use crate::ompi::comm::Comm;
-use crate::ompi::component::ffi_guard;
+use crate::ompi::component::ffi_guard_module;
 use crate::ompi::convertor::Convertor;
+use crate::ompi::message::Message;
 use ompi_sys as sys;
 use std::os::raw::c_int;
+use std::ptr::NonNull;
 
-/// The PML's communicator.
-///
-/// # Safety
-/// `comm` is the live communicator the PML passed to an entry point; it outlives the
-/// operation (the PML frees a communicator only after its operations completed).
+/// Run data-path entry `f` under the panic barrier (see the module docs).
 #[inline(always)]
-unsafe fn comm_of(comm: *mut sys::ompi_communicator_t) -> Comm {
-    // SAFETY: forwarded from the caller: a live communicator of the PML's.
-    unsafe { Comm::from_raw(comm) }
-}
-
-/// The PML's convertor, or `OMPI_ERR_BAD_PARAM` for none.
-///
-/// # Safety
-/// `conv` is null or the prepared convertor of the operation, which the PML keeps
-/// until the operation completes.
-#[inline(always)]
-unsafe fn conv_of(conv: *mut sys::opal_convertor_t) -> Result<Convertor, c_int> {
-    // SAFETY: forwarded from the caller.
-    unsafe { Convertor::from_raw(conv) }.ok_or(sys::OMPI_ERR_BAD_PARAM)
+fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
+    ffi_guard_module(what, &FAILED, sys::OMPI_ERROR, f)
 }
 
 /// # Safety
@@ -46,10 +38,20 @@ pub unsafe extern "C" fn mtl_send(
     conv: *mut sys::opal_convertor_t,
     mode: sys::mca_pml_base_send_mode_t,
 ) -> c_int {
-    ffi_guard("mtl send", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes its live communicator and the send's convertor.
-        let (comm, conv) = unsafe { (comm_of(comm), conv_of(conv)) };
-        conv.map_or_else(|e| e, |conv| send_impl(comm, dest, tag, conv, mode))
+    guard("mtl send", || {
+        // SAFETY: pml cm calls between init and finalize with its live communicator and
+        // the send's prepared convertor (or null), both valid for the call.
+        let (e, comm, conv) = unsafe {
+            (
+                Entry::enter(),
+                Comm::from_raw(comm),
+                Convertor::from_raw(conv),
+            )
+        };
+        let Some(conv) = conv else {
+            return sys::OMPI_ERR_BAD_PARAM;
+        };
+        send_impl(&e, comm, dest, tag, conv, mode)
     })
 }
 
@@ -66,15 +68,24 @@ pub unsafe extern "C" fn mtl_isend(
     _blocking: bool,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl isend", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes its live communicator and the send's convertor.
-        let (comm, conv) = unsafe { (comm_of(comm), conv_of(conv)) };
-        conv.map_or_else(
-            |e| e,
-            // SAFETY: req is the PML's request with mtl_request_size bytes of ours
-            // behind it, alive until we complete it.
-            |conv| unsafe { isend_impl(comm, dest, tag, conv, mode, req) },
-        )
+    guard("mtl isend", || {
+        // SAFETY: pml cm calls between init and finalize with its live communicator,
+        // the send's prepared convertor (or null), both kept until the request
+        // completes, and its request with mtl_request_size bytes of ours behind it,
+        // alive until we complete it.
+        let (e, comm, conv, r) = unsafe {
+            let comm = Comm::from_raw(comm);
+            (
+                Entry::enter(),
+                comm,
+                Convertor::from_raw(conv),
+                Req::init_pml(req, Kind::Send, comm),
+            )
+        };
+        let Some(conv) = conv else {
+            return sys::OMPI_ERR_BAD_PARAM;
+        };
+        isend_impl(&e, comm, dest, tag, conv, mode, r)
     })
 }
 
@@ -88,15 +99,24 @@ pub unsafe extern "C" fn mtl_irecv(
     conv: *mut sys::opal_convertor_t,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl irecv", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes its live communicator and the receive's convertor.
-        let (comm, conv) = unsafe { (comm_of(comm), conv_of(conv)) };
-        conv.map_or_else(
-            |e| e,
-            // SAFETY: req is the PML's request with mtl_request_size bytes of ours
-            // behind it, alive until we complete it.
-            |conv| unsafe { irecv_impl(comm, src, tag, conv, req) },
-        )
+    guard("mtl irecv", || {
+        // SAFETY: pml cm calls between init and finalize with its live communicator,
+        // the receive's prepared convertor (or null), both kept until the request
+        // completes, and its request with mtl_request_size bytes of ours behind it,
+        // alive until we complete it.
+        let (e, comm, conv, r) = unsafe {
+            let comm = Comm::from_raw(comm);
+            (
+                Entry::enter(),
+                comm,
+                Convertor::from_raw(conv),
+                Req::init_pml(req, Kind::Recv, comm),
+            )
+        };
+        let Some(conv) = conv else {
+            return sys::OMPI_ERR_BAD_PARAM;
+        };
+        irecv_impl(&e, comm, src, tag, conv, r)
     })
 }
 
@@ -110,14 +130,22 @@ pub unsafe extern "C" fn mtl_iprobe(
     flag: *mut c_int,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
-    ffi_guard("mtl iprobe", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes its live communicator, a valid flag and the caller's
-        // status or null, none of them aliased during the call.
-        let (comm, flag, status) = unsafe { (comm_of(comm), flag.as_mut(), status.as_mut()) };
+    guard("mtl iprobe", || {
+        // SAFETY: pml cm calls between init and finalize with its live communicator, a
+        // valid flag and the caller's status or null, none of them aliased during the
+        // call.
+        let (e, comm, flag, status) = unsafe {
+            (
+                Entry::enter(),
+                Comm::from_raw(comm),
+                flag.as_mut(),
+                status.as_mut(),
+            )
+        };
         let Some(flag) = flag else {
             return sys::OMPI_ERR_BAD_PARAM;
         };
-        iprobe_impl(comm, src, tag, flag, status)
+        iprobe_impl(&e, comm, src, tag, flag, status)
     })
 }
 
@@ -132,12 +160,14 @@ pub unsafe extern "C" fn mtl_improbe(
     message: *mut *mut sys::ompi_message_t,
     status: *mut sys::ompi_status_public_t,
 ) -> c_int {
-    ffi_guard("mtl improbe", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes its live communicator, valid flag and message
-        // out-pointers and the caller's status or null, none aliased during the call.
-        let (comm, flag, message, status) = unsafe {
+    guard("mtl improbe", || {
+        // SAFETY: pml cm calls between init and finalize with its live communicator,
+        // valid flag and message out-pointers and the caller's status or null, none
+        // aliased during the call.
+        let (e, comm, flag, message, status) = unsafe {
             (
-                comm_of(comm),
+                Entry::enter(),
+                Comm::from_raw(comm),
                 flag.as_mut(),
                 message.as_mut(),
                 status.as_mut(),
@@ -146,7 +176,7 @@ pub unsafe extern "C" fn mtl_improbe(
         let (Some(flag), Some(message)) = (flag, message) else {
             return sys::OMPI_ERR_BAD_PARAM;
         };
-        improbe_impl(comm, src, tag, flag, message, status)
+        improbe_impl(&e, comm, src, tag, flag, message, status)
     })
 }
 
@@ -158,16 +188,21 @@ pub unsafe extern "C" fn mtl_imrecv(
     message: *mut *mut sys::ompi_message_t,
     req: *mut sys::mca_mtl_request_t,
 ) -> c_int {
-    ffi_guard("mtl imrecv", sys::OMPI_ERROR, || {
-        // SAFETY: the PML passes the receive's convertor and the message handle that
-        // improbe published, not aliased during the call.
-        let (conv, message) = unsafe { (conv_of(conv), message.as_mut()) };
-        let (Ok(conv), Some(message)) = (conv, message) else {
-            return sys::OMPI_ERR_BAD_PARAM;
+    guard("mtl imrecv", || {
+        // SAFETY: pml cm calls between init and finalize with the receive's prepared
+        // convertor (or null), kept until the request completes; the caller's handle
+        // of a message improbe published (or null), not aliased during the call; and
+        // its request with mtl_request_size bytes of ours behind it, alive until we
+        // complete it.
+        let (e, conv, message, r) = unsafe {
+            let (Some(conv), Some(message)) = (Convertor::from_raw(conv), message.as_mut()) else {
+                return sys::OMPI_ERR_BAD_PARAM;
+            };
+            let message = Message::from_raw(message);
+            let r = Req::init_pml(req, Kind::Recv, message.comm());
+            (Entry::enter(), conv, message, r)
         };
-        // SAFETY: *message is a message improbe published (its req_ptr is ours); req
-        // is the PML's request with our bytes behind it, alive until we complete it.
-        unsafe { imrecv_impl(conv, message, req) }
+        imrecv_impl(&e, conv, message, r)
     })
 }
 
@@ -178,8 +213,13 @@ pub unsafe extern "C" fn mtl_cancel(
     req: *mut sys::mca_mtl_request_t,
     _flag: c_int,
 ) -> c_int {
-    // SAFETY: req is a request of ours the PML has not seen complete.
-    ffi_guard("mtl cancel", sys::OMPI_ERROR, || unsafe {
-        cancel_impl(req)
+    guard("mtl cancel", || {
+        let Some(req) = NonNull::new(req) else {
+            return sys::OMPI_ERR_BAD_PARAM;
+        };
+        // SAFETY: pml cm calls between init and finalize with a request of ours it has
+        // not seen complete.
+        let (e, r) = unsafe { (Entry::enter(), Req::of_pml(req)) };
+        cancel_impl(&e, r)
     })
 }

@@ -6,18 +6,18 @@
 //! What it must not touch: the receive queue, except through `stall.rs`'s stash.
 
 use super::peer::{envelope, peer_addr};
-use super::progress::{fi_to_ompi, idle, progress_cq, progress_mtl, retry, wait_until};
-use super::request::{Kind, Request};
-use super::state::{mtl, Mtl};
+use super::progress::{idle, progress_cq, progress_mtl, retry, wait_until};
+use super::request::{Kind, Req, Request};
+use super::state::{locked, mtl, Entry, Mtl};
 use super::tag::Envelope;
-use crate::fabric::FI_ADDR_UNSPEC;
+use crate::fabric::{EpRef, RecvBuf, FI_ADDR_UNSPEC};
 use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer};
-use libfabric_sys as fi;
+use crate::ompi::error::OpalCode;
+use crate::ompi::message::Message;
 use ompi_sys as sys;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 
 /// What a receive or probe of (`comm`, `src`, `tag`) matches: tag bits, ignore bits
@@ -35,11 +35,11 @@ fn pattern(m: &Mtl, comm: Comm, src: c_int, tag: c_int) -> Result<(u64, u64, u64
 /// (tag bits, cq data, length).
 fn peek(m: &Mtl, comm: Comm, src: c_int, tag: c_int) -> Result<Option<(u64, u64, usize)>, c_int> {
     let (bits, ignore, addr) = pattern(m, comm, src, tag)?;
-    if let Some(found) = super::stall::peek_stash(m, comm, (bits, ignore, addr)) {
+    if let Some(found) = super::stall::peek_stash(m, comm, (bits, ignore, addr))? {
         return Ok(Some(found));
     }
     let cid = comm.cid();
-    let (rx, addr) = (m.ctx(cid).rx, m.rx_addr(addr, cid));
+    let (rx, addr) = (m.ctx(cid).rx(), m.rx_addr(addr, cid));
     let mut r = Request::internal(Kind::Probe, Some(comm));
     peek_wait(m, &mut r, rx, addr, bits, ignore)?;
     Ok(if r.probe_found {
@@ -49,12 +49,12 @@ fn peek(m: &Mtl, comm: Comm, src: c_int, tag: c_int) -> Result<Option<(u64, u64,
     })
 }
 
-/// Peek on `rx` with `r` (a `Probe` or `Stash` request) and wait for the answer:
-/// `r.probe_found`, and then the message's tag bits, CQ data and length in `r`.
+/// Peek on `rx` with `req` (a `Probe` or `Stash` request) and wait for the answer:
+/// `req.probe_found`, and then the message's tag bits, CQ data and length in `req`.
 pub(super) fn peek_wait(
     m: &Mtl,
-    r: &mut Request,
-    rx: *mut fi::fid_ep,
+    req: &mut Request,
+    rx: EpRef<'_>,
     addr: u64,
     bits: u64,
     ignore: u64,
@@ -64,80 +64,50 @@ pub(super) fn peek_wait(
         // that the peek does not report a message an older receive is about to take.
         progress_cq(m);
     }
-    r.pending.store(1, Ordering::Release);
-    let msg = fi::fi_msg_tagged {
-        msg_iov: ptr::null(),
-        desc: ptr::null_mut(),
-        iov_count: 0,
-        addr,
-        tag: bits,
-        ignore,
-        context: r.ctx_ptr(),
-        data: 0,
-    };
-    let ret = retry(m, || {
-        // SAFETY: a peek transfers no data; msg and r outlive the wait below.
-        unsafe { fi::fi_trecvmsg(rx, &msg, fi::FI_PEEK as u64) }
-    });
-    if ret < 0 {
-        return Err(fi_to_ompi(ret));
+    // SAFETY: `req` is borrowed for this whole function, which uses it only through
+    // the handle and returns only when no operation of it is pending (a failed post
+    // leaves none; after a post it waits for the answer).
+    let r = unsafe { Req::of(req) };
+    r.pending().store(1, Ordering::Release);
+    let ctx = r.op_context();
+    if let Err(e) = retry(m, |s| rx.tpeek(s, addr, bits, ignore, ctx)) {
+        r.pending().store(0, Ordering::Release);
+        return Err(e.to_opal());
     }
-    wait_until(m, || r.pending.load(Ordering::Acquire) <= 0);
-    if r.status.error != 0 {
-        return Err(r.status.error);
+    wait_until(m, || r.pending().load(Ordering::Acquire) <= 0);
+    match r.status().error {
+        0 => Ok(()),
+        e => Err(e),
     }
-    Ok(())
 }
 
 /// Receive exactly the message a peek found (its tag bits, nothing ignored; from
-/// `addr`; `len` bytes) into a buffer of its size that `r` then owns, and wait for it.
-/// `Ok(false)`: another receive of the provider's took the message (see below). On
-/// failure or `Ok(false)`, `r` owns no buffer.
+/// `addr`; `len` bytes) into a buffer of its size that `req` then owns, and wait for
+/// it. `Ok(false)`: another receive of the provider's took the message (see below). On
+/// failure or `Ok(false)`, `req` owns no buffer.
 /// The oldest unexpected message with these bits is the one peeked, so a plain receive
 /// takes it, through every protocol of the provider's (a claim would not gather
 /// ofi_rxm's segmented messages).
 pub(super) fn recv_exact(
     m: &Mtl,
-    r: &mut Request,
-    rx: *mut fi::fid_ep,
+    req: &mut Request,
+    rx: EpRef<'_>,
     addr: u64,
     bits: u64,
     len: usize,
 ) -> Result<bool, c_int> {
-    if len > 0 {
-        // SAFETY: plain allocation; checked.
-        let b = unsafe { libc::malloc(len) } as *mut u8;
-        if b.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        r.buffer = b;
-        r.length = len;
-        r.owns_buffer = true;
-    }
-    r.pending.store(1, Ordering::Release);
-    let (buf, ctx) = (r.buffer, r.ctx_ptr());
-    let ret = retry(m, || {
-        // SAFETY: buf holds len bytes until the receive completes (we wait below).
-        unsafe {
-            fi::fi_trecv(
-                rx,
-                buf as *mut c_void,
-                len,
-                ptr::null_mut(),
-                addr,
-                bits,
-                0,
-                ctx,
-            )
-        }
-    });
-    if ret < 0 {
-        if r.owns_buffer {
-            // SAFETY: not posted; ours.
-            unsafe { libc::free(buf as *mut c_void) };
-            r.owns_buffer = false;
-        }
-        return Err(fi_to_ompi(ret));
+    // SAFETY: `req` is borrowed for this whole function, which uses it only through
+    // the handle and returns only when no operation of it is pending (a failed post
+    // leaves none; after a post it waits for the completion).
+    let r = unsafe { Req::of(req) };
+    r.alloc_buffer(len)?;
+    r.pending().store(1, Ordering::Release);
+    let (buf, ctx) = (r.recv_buf(), r.op_context());
+    if let Err(e) = retry(m, |s| rx.trecv(s, buf, RecvBuf::EMPTY, addr, bits, 0, ctx)) {
+        r.pending().store(0, Ordering::Release);
+        // Not posted; ours.
+        r.free_buffer();
+        return Err(e.to_opal());
     }
     // The peeked message may go to a receive posted before this one that the
     // provider had not matched it with yet when it answered the peek (sockets: a
@@ -148,27 +118,26 @@ pub(super) fn recv_exact(
     // completes as usual.
     let start = std::time::Instant::now();
     let mut cancel_sent = false;
-    while r.pending.load(Ordering::Acquire) > 0 {
+    while r.pending().load(Ordering::Acquire) > 0 {
         if progress_mtl(m) == 0 {
             idle();
             if !cancel_sent && start.elapsed() > EXACT_PATIENCE {
                 cancel_sent = true;
-                // SAFETY: rx is the endpoint it was posted on; ctx is its context.
-                unsafe { fi::fi_cancel(&mut (*rx).fid, ctx) };
+                let g = m.lock.lock();
+                // Not found once it completed; the answer comes as its completion.
+                let _ = rx.cancel(&g.serialized(), r.posted_context());
             }
         }
     }
-    if r.status.error != 0 || r.status.cancelled {
-        if r.owns_buffer {
-            // SAFETY: the receive completed; nothing references the buffer.
-            unsafe { libc::free(r.buffer as *mut c_void) };
-            r.owns_buffer = false;
-        }
-        if r.status.cancelled {
+    let status = r.status();
+    if status.error != 0 || status.cancelled {
+        // The receive completed; nothing references the buffer.
+        r.free_buffer();
+        if status.cancelled {
             m.counters.exact_lost.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
-        return Err(r.status.error);
+        return Err(status.error);
     }
     Ok(true)
 }
@@ -191,13 +160,14 @@ fn fill_status(status: Option<&mut sys::ompi_status_public_t>, env: &Envelope, l
 }
 
 pub(super) fn iprobe_impl(
+    e: &Entry,
     comm: Comm,
     src: c_int,
     tag: c_int,
     flag: &mut c_int,
     status: Option<&mut sys::ompi_status_public_t>,
 ) -> c_int {
-    let Some(m) = mtl() else {
+    let Some(m) = mtl(e) else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
     let found = match m.soft.as_deref() {
@@ -251,6 +221,7 @@ enum Claimed {
 }
 
 pub(super) fn improbe_impl(
+    e: &Entry,
     comm: Comm,
     src: c_int,
     tag: c_int,
@@ -258,7 +229,7 @@ pub(super) fn improbe_impl(
     message: &mut *mut sys::ompi_message_t,
     status: Option<&mut sys::ompi_status_public_t>,
 ) -> c_int {
-    let Some(m) = mtl() else {
+    let Some(m) = mtl(e) else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
     if let Some(sm) = m.soft.as_deref() {
@@ -311,7 +282,7 @@ fn claim_provider(
     tag: c_int,
 ) -> Result<Option<Box<Request>>, c_int> {
     let (bits, ignore, addr) = pattern(m, comm, src, tag)?;
-    let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    let mut d = locked(&m.deferred)?;
     if let Some(c) = super::stall::claim_stash(m, &mut d, comm, (bits, ignore, addr)) {
         return Ok(Some(c));
     }
@@ -324,7 +295,7 @@ fn claim_provider(
         super::stall::Busy(&m.claim_busy)
     });
     let cid = comm.cid();
-    let rx = m.ctx(cid).rx;
+    let rx = m.ctx(cid).rx();
     let mut probe = Request::internal(Kind::Probe, Some(comm));
     peek_wait(m, &mut probe, rx, m.rx_addr(addr, cid), bits, ignore)?;
     if !probe.probe_found {
@@ -362,19 +333,14 @@ fn publish_message(
         Ok(env) => env,
         Err(rc) => {
             // Claimed but not deliverable: drop it (already logged).
-            if let Claimed::Fabric(c) = claimed {
-                if c.owns_buffer {
-                    // SAFETY: allocated in improbe, not referenced any more.
-                    unsafe { libc::free(c.buffer as *mut c_void) };
-                }
+            if let Claimed::Fabric(mut c) = claimed {
+                // Received in improbe; not referenced any more.
+                c.free_buffer();
             }
             return rc;
         }
     };
-    let ours = Box::into_raw(Box::new(claimed));
-    let Some(msg) = ompi::message::publish(comm, env.source, len, ours as *mut c_void) else {
-        // SAFETY: not published: the claim is still only ours.
-        drop(unsafe { Box::from_raw(ours) });
+    let Some(msg) = ompi::message::publish(comm, env.source, len, Box::new(claimed)) else {
         return sys::OMPI_ERR_OUT_OF_RESOURCE;
     };
     *message = msg;
@@ -383,82 +349,51 @@ fn publish_message(
     sys::OMPI_SUCCESS
 }
 
-/// # Safety
-/// `*message` is a message [`improbe_impl`] published; `req` is the PML's request with
-/// our bytes behind it, alive until we complete it.
-pub(super) unsafe fn imrecv_impl(
-    conv: Convertor,
-    message: &mut *mut sys::ompi_message_t,
-    req: *mut sys::mca_mtl_request_t,
-) -> c_int {
-    let Some(m) = mtl() else {
+/// `MPI_Imrecv` of `message` into the PML's request `r` (initialised by the entry).
+pub(super) fn imrecv_impl(e: &Entry, conv: Convertor, mut message: Message<'_>, r: Req) -> c_int {
+    let Some(m) = mtl(e) else {
         return sys::OMPI_ERR_NOT_AVAILABLE;
     };
-    // SAFETY: *message is a message improbe published, received now.
-    let (comm, ours) = unsafe { ompi::message::parts(*message) };
-    // SAFETY: what improbe published is the Claimed it leaked there.
-    let claimed = unsafe { Box::from_raw(ours as *mut Claimed) };
-    let r = req as *mut Request;
-    // SAFETY: PML request memory.
-    unsafe { Request::init(r, Kind::Recv, Some(comm)) };
+    let Some(claimed) = message.take::<Claimed>() else {
+        return sys::OMPI_ERR_BAD_PARAM;
+    };
     let c = match *claimed {
         Claimed::Fabric(c) => c,
         Claimed::Soft(u) => {
-            // SAFETY: the message is received: its handle goes back to Open MPI.
-            unsafe { ompi::message::give_back(message) };
-            let RecvBuffer {
-                ptr: buf,
-                len,
-                owned,
-            } = match RecvBuffer::of(conv) {
-                Ok(v) => v,
+            // The message is received: its handle goes back to Open MPI.
+            message.give_back();
+            match RecvBuffer::of(conv) {
+                Ok(b) => r.set_recv_buffer(b),
                 Err(e) => return e,
-            };
-            // SAFETY: r is live.
-            unsafe {
-                (*r).convertor = Some(conv);
-                (*r).buffer = buf;
-                (*r).length = len;
-                (*r).owns_buffer = owned;
             }
+            r.set_convertor(Some(conv));
             super::softmatch::take(m, r, u);
             return sys::OMPI_SUCCESS;
         }
     };
-    let ompi::convertor::Info { size, contig } = conv.info();
+    let mut c = c;
     let len = c.status.count;
-    let n = len.min(size);
-    if n > 0 {
-        if let Some(start) = contig {
-            // SAFETY: start is the user's contiguous buffer of `size` bytes; our
-            // buffer holds `len` bytes.
-            unsafe { ptr::copy_nonoverlapping(c.buffer, start, n) };
-        } else {
-            // SAFETY: our buffer holds `len` >= n received bytes.
-            conv.unpack(unsafe { std::slice::from_raw_parts(c.buffer, n) });
-        }
-    }
-    // SAFETY: r is live; status from the claimed message.
-    unsafe {
-        (*r).status.source = m.layout.source(c.matched_tag, c.matched_data);
-        (*r).status.tag = m.layout.mpi_tag(c.matched_tag);
-        (*r).status.count = n;
-        (*r).status.error = if len > size {
+    let size = conv.info().size;
+    let n = conv.deliver(c.received(len));
+    let (source, tag) = (
+        m.layout.source(c.matched_tag, c.matched_data),
+        m.layout.mpi_tag(c.matched_tag),
+    );
+    r.update_status(|s| {
+        s.source = source;
+        s.tag = tag;
+        s.count = n;
+        s.error = if len > size {
             sys::MPI_ERR_TRUNCATE as c_int
         } else {
             sys::MPI_SUCCESS as c_int
         };
-    }
-    if c.owns_buffer {
-        // SAFETY: allocated in improbe.
-        unsafe { libc::free(c.buffer as *mut c_void) };
-    }
+    });
+    // Allocated in improbe.
+    c.free_buffer();
     drop(c);
-    // SAFETY: the message is received: its handle goes back to Open MPI (as ob1
-    // does); r is the PML's live request.
-    unsafe {
-        ompi::message::give_back(message);
-        Request::complete_to_pml(r);
-    }
+    // The message is received: its handle goes back to Open MPI (as ob1 does).
+    message.give_back();
+    r.complete_to_pml();
     sys::OMPI_SUCCESS
 }

@@ -9,12 +9,13 @@
 use super::completion::{on_completion, on_error};
 use super::recv::post_deferred;
 use super::send::post_deferred_sends;
-use super::state::{mtl, Mtl};
-use crate::ompi::component::ffi_guard;
+use super::state::{mtl, Entry, Mtl, FAILED};
+use crate::fabric::{self, CqRef, Error, Serialized};
+use crate::ompi::component::ffi_guard_module;
 use crate::ompi::error::OpalCode;
 use crate::ompi::{self};
 use libfabric_sys as fi;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 
 /// Read and dispatch completions. Returns how many were handled.
@@ -57,17 +58,20 @@ pub(super) fn progress_cq(m: &Mtl) -> usize {
     };
     // Fast boxes first: a peer's records before its completions (they carry no order
     // between them, see softmatch).
-    let boxed = match m.soft.as_deref() {
-        // SAFETY: under the serial section taken above.
-        Some(sm) => unsafe { sm.poll_fbox(m, m.events_per_progress) },
-        None => 0,
+    let boxed = match (m.soft.as_deref(), _serial.as_ref()) {
+        (Some(sm), Some(serial)) => sm.poll_fbox(m, m.events_per_progress, serial),
+        _ => 0,
     };
     if m.ctxs.len() == 1 {
-        return boxed + progress_one_cq(m, m.ctxs[0].cq, m.events_per_progress);
+        return boxed + progress_one_cq(m, m.ctxs[0].cq(), m.events_per_progress);
     }
     let mut total = boxed;
     for (c, count) in m.ctxs.iter().zip(m.counters.per_ctx.iter()) {
-        let n = progress_one_cq(m, c.cq, m.events_per_progress.saturating_sub(total).max(1));
+        let n = progress_one_cq(
+            m,
+            c.cq(),
+            m.events_per_progress.saturating_sub(total).max(1),
+        );
         if n > 0 {
             count.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -77,45 +81,33 @@ pub(super) fn progress_cq(m: &Mtl) -> usize {
 }
 
 /// Read and dispatch up to `budget` completions of `cq`.
-fn progress_one_cq(m: &Mtl, cq: *mut fi::fid_cq, budget: usize) -> usize {
+fn progress_one_cq(m: &Mtl, cq: CqRef<'_>, budget: usize) -> usize {
     const CHUNK: usize = 32;
     let mut total = 0usize;
     loop {
         let mut entries = [std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit(); CHUNK];
         let want = CHUNK.min(budget.saturating_sub(total)).max(1);
-        let (n, err) = {
-            let _g = m.lock.lock();
-            // SAFETY: the CQ is open; entries has room for `want` tagged entries.
-            let ret = unsafe { fi::fi_cq_read(cq, entries.as_mut_ptr() as *mut c_void, want) };
-            if ret == -(fi::FI_EAVAIL as isize) {
-                // SAFETY: zeroed is a valid fi_cq_err_entry; err_data stays null so the
-                // provider gives its own buffer.
-                let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
-                // SAFETY: CQ open, e valid.
-                let r = unsafe { fi::fi_cq_readerr(cq, &mut e, 0) };
-                (0, if r >= 0 { Some(e) } else { None })
-            } else if ret < 0 {
-                if ret != -(fi::FI_EAGAIN as isize) {
-                    log::error!("fi_cq_read: {}", crate::fabric::Error::from_ret(ret));
+        // Completions are copied out under the lock and dispatched after it.
+        let (done, err): (&[fi::fi_cq_tagged_entry], _) = {
+            let g = m.lock.lock();
+            let s = g.serialized();
+            match cq.read(&s, &mut entries[..want]) {
+                Ok(done) => (done, None),
+                Err(e) if e == Error::AVAIL => (&[], cq.readerr(&s).ok().flatten()),
+                Err(e) => {
+                    log::error!("fi_cq_read: {e}");
+                    (&[], None)
                 }
-                (0, None)
-            } else {
-                (ret as usize, None)
             }
         };
-        // SAFETY: fi_cq_read wrote the first n entries.
-        let read = unsafe {
-            std::slice::from_raw_parts(entries.as_ptr() as *const fi::fi_cq_tagged_entry, n)
-        };
-        for e in read {
-            // SAFETY: every operation we post carries the ctx of a live Request.
-            unsafe { on_completion(m, e) };
+        let n = done.len();
+        for e in done {
+            on_completion(m, e);
         }
         total += n;
         if let Some(e) = err {
             total += 1;
-            // SAFETY: as above.
-            unsafe { on_error(m, &e) };
+            on_error(m, &e);
             continue;
         }
         if n < want || total >= budget {
@@ -126,7 +118,10 @@ fn progress_one_cq(m: &Mtl, cq: *mut fi::fid_cq, budget: usize) -> usize {
 
 /// The progress callback registered with Open MPI.
 pub extern "C" fn progress_cb() -> c_int {
-    ffi_guard("mtl progress", 0, || match mtl() {
+    // SAFETY: Open MPI calls the callback only while it is registered: from init until
+    // finalize unregisters it, before the state is freed.
+    let e = unsafe { Entry::enter() };
+    ffi_guard_module("mtl progress", &FAILED, 0, || match mtl(&e) {
         Some(m) => progress_mtl(m) as c_int,
         None => 0,
     })
@@ -155,16 +150,21 @@ pub(super) fn idle() {
     }
 }
 
-/// Retry `op` while it returns -FI_EAGAIN, progressing between attempts (flow control).
+/// Retry `op` while it fails with `Error::AGAIN`, progressing between attempts (flow
+/// control). `op` runs under the lock, whose proof it gets.
 #[inline]
-pub(super) fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
+pub(super) fn retry(
+    m: &Mtl,
+    mut op: impl FnMut(&Serialized<'_>) -> fabric::Result<()>,
+) -> fabric::Result<()> {
     loop {
         let ret = {
-            let _g = m.lock.lock();
-            op()
+            let g = m.lock.lock();
+            op(&g.serialized())
         };
-        if ret != -(fi::FI_EAGAIN as isize) {
-            return ret;
+        match ret {
+            Err(e) if e.is_again() => {}
+            other => return other,
         }
         m.counters.eagain.fetch_add(1, Ordering::Relaxed);
         if progress_mtl(m) == 0 {
@@ -173,6 +173,11 @@ pub(super) fn retry(m: &Mtl, mut op: impl FnMut() -> isize) -> isize {
     }
 }
 
-pub(super) fn fi_to_ompi(ret: isize) -> c_int {
-    crate::fabric::Error::from_ret(ret).to_opal()
+/// An error of the data path as the code the PML gets.
+#[inline]
+pub(super) fn to_ompi(r: fabric::Result<()>) -> c_int {
+    match r {
+        Ok(()) => ompi_sys::OMPI_SUCCESS,
+        Err(e) => e.to_opal(),
+    }
 }

@@ -7,14 +7,15 @@
 //! (`completion`).
 
 use crate::fabric::FI_ADDR_UNSPEC;
+use crate::fabric::{MemoryRegion, OpContext, RecvBuf, SendBuf};
 use crate::ompi;
 use crate::ompi::comm::Comm;
-use crate::ompi::convertor::Convertor;
+use crate::ompi::convertor::{Convertor, RecvBuffer, SendData};
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::mem::offset_of;
 use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::AtomicI32;
 
 /// What kind of operation a request's context belongs to.
@@ -90,9 +91,9 @@ impl Request {
     ///
     /// # Safety
     /// `r` must point to `size_of::<Request>()` writable bytes.
-    pub(super) unsafe fn init(r: *mut Request, kind: Kind, comm: Option<Comm>) {
-        // SAFETY: the caller guarantees the memory; we write each field without
-        // reading the (uninitialised) old value.
+    unsafe fn init(r: *mut Request, kind: Kind, comm: Option<Comm>) {
+        // SAFETY: the caller guarantees the memory; each field is written without
+        // reading (or dropping) the uninitialised old value.
         unsafe {
             ptr::addr_of_mut!((*r).ctx).write(std::mem::zeroed());
             ptr::addr_of_mut!((*r).kind).write(kind);
@@ -116,10 +117,12 @@ impl Request {
         }
     }
 
-    /// A fully owned internal request on the heap or the stack.
+    /// A fully owned internal request (on the heap or the stack; reached through a
+    /// [`Req`] while an operation of it is posted).
     pub(crate) fn internal(kind: Kind, comm: Option<Comm>) -> Request {
         let mut r = std::mem::MaybeUninit::<Request>::uninit();
-        // SAFETY: r has room for a Request; sup is set right after.
+        // SAFETY: r has room for a Request; init writes every field but sup, written
+        // right after, so the whole value is initialised.
         unsafe {
             Request::init(r.as_mut_ptr(), kind, comm);
             ptr::addr_of_mut!((*r.as_mut_ptr()).sup).write(ompi::request::NO_PML);
@@ -127,37 +130,499 @@ impl Request {
         }
     }
 
-    /// The request's communicator. Every send, receive, probe and claim has one; only
-    /// software matching's buffers and the stall breaker's requests (before a claim
-    /// gives them one) have none, and an error stands for it there.
+    /// The first `n` bytes (at most its length) of the buffer this request owns, once
+    /// its receive completed; empty without one.
+    #[inline]
+    pub(super) fn received(&self, n: usize) -> &[u8] {
+        if !self.owns_buffer || self.buffer.is_null() {
+            return &[];
+        }
+        // SAFETY: an owned buffer holds `length` bytes (`Req::alloc_buffer`), and
+        // `&self` means no operation on the request is in flight.
+        unsafe { std::slice::from_raw_parts(self.buffer, n.min(self.length)) }
+    }
+
+    /// Free the buffer this request owns, if any.
+    #[inline]
+    pub(super) fn free_buffer(&mut self) {
+        if self.owns_buffer {
+            // SAFETY: an owned buffer comes from libc::malloc (`Req::alloc_buffer`, the
+            // convertor's pack buffers), and `&mut self` means nothing references it.
+            unsafe { libc::free(self.buffer as *mut c_void) };
+            self.owns_buffer = false;
+            self.buffer = ptr::null_mut();
+        }
+    }
+}
+
+/// The one heap block of a copied send: its request, then its bytes.
+fn copied_layout(total: usize) -> Option<std::alloc::Layout> {
+    // A Request's size is a multiple of its alignment, so the copy follows it directly.
+    std::alloc::Layout::from_size_align(
+        std::mem::size_of::<Request>() + total,
+        std::mem::align_of::<Request>(),
+    )
+    .ok()
+}
+
+/// A live request of ours, reached by address: the PML's (from an entry point), or an
+/// internal one (an acknowledgement pool's, a probe's, a claim's, a bounce buffer's, a
+/// blocking send's on the caller's stack).
+///
+/// Invariant: the handle points to an initialised [`Request`] that stays alive, and
+/// does not move, until its last completion is reaped and it is completed to its owner
+/// (the PML, or the code that made it). Its fields are read and written one at a time
+/// through the handle (raw reads and writes, never a reference to the whole request),
+/// so that a completion that writes the request re-entrantly, from a progress call
+/// made in the middle of an operation on it, never aliases a live `&mut Request`.
+/// Threads hand a request over through its `pending` counter (release/acquire) or a
+/// lock, as the C MTL does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Req(NonNull<Request>);
+
+// SAFETY: a request is handed between threads only through its `pending` counter
+// (release/acquire) or under a lock (the queues that hold handles), see the invariant.
+unsafe impl Send for Req {}
+
+macro_rules! fields {
+    ($($name:ident / $set:ident : $t:ty),* $(,)?) => {
+        impl Req {
+            $(
+                #[inline(always)]
+                pub fn $name(self) -> $t {
+                    // SAFETY: the handle's invariant: a live, initialised Request; the
+                    // field is read by value, without a reference to the request.
+                    unsafe { ptr::addr_of!((*self.0.as_ptr()).$name).read() }
+                }
+
+                #[inline(always)]
+                pub fn $set(self, v: $t) {
+                    // SAFETY: the handle's invariant: a live, initialised Request; the
+                    // field holds a Copy value, overwritten without a reference to the
+                    // request.
+                    unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).$name).write(v) }
+                }
+            )*
+        }
+    };
+}
+
+fields! {
+    kind / set_kind: Kind,
+    status / set_status: Status,
+    comm / set_comm: Option<Comm>,
+    convertor / set_convertor: Option<Convertor>,
+    length / set_length: usize,
+    owns_buffer / set_owns_buffer: bool,
+    probe_found / set_probe_found: bool,
+    matched_tag / set_matched_tag: u64,
+    matched_data / set_matched_data: u64,
+    sm_hdr / set_sm_hdr: super::softmatch::Hdr,
+    sm_addr / set_sm_addr: u64,
+    post_addr / set_post_addr: u64,
+    rx_internal / set_rx_internal: bool,
+    in_provider / set_in_provider: bool,
+}
+
+impl Req {
+    /// Initialise the PML's request `req`, with our bytes behind it, as a request of
+    /// `kind`.
+    ///
+    /// # Safety
+    /// `req` is the PML's request of the current operation, with `mtl_request_size`
+    /// bytes of ours behind its head, alive until we complete it.
+    #[inline]
+    pub unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
+        let r = req as *mut Request;
+        // SAFETY: forwarded: room for a Request, whose head the PML filled in; the PML's
+        // request is never null.
+        unsafe {
+            Request::init(r, kind, Some(comm));
+            Req(NonNull::new_unchecked(r))
+        }
+    }
+
+    /// The PML's request `req`, initialised by an earlier [`Req::init_pml`].
+    ///
+    /// # Safety
+    /// `req` heads a request of ours the PML has not seen complete.
+    #[inline]
+    pub unsafe fn of_pml(req: NonNull<sys::mca_mtl_request_t>) -> Req {
+        Req(req.cast())
+    }
+
+    /// The request an operation's context belongs to (a completion's `op_context`).
+    ///
+    /// # Safety
+    /// `ctx` is null or what [`Req::op_context`] returned for an operation whose
+    /// completion is being reaped now.
+    #[inline]
+    pub unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
+        let ctx = NonNull::new(ctx)?;
+        // SAFETY: forwarded: ctx lies offset_of!(Request, ctx) bytes into a live Request.
+        let r = unsafe { ctx.cast::<u8>().sub(offset_of!(Request, ctx)) };
+        Some(Req(r.cast()))
+    }
+
+    /// The request whose address software matching sent as a token ([`Req::addr`]).
+    ///
+    /// # Safety
+    /// `token` is the address of a live request of ours that still expects the
+    /// completion the token stands for.
+    #[inline]
+    pub unsafe fn of_token(token: u64) -> Req {
+        // SAFETY: forwarded: a live request's address, so not null.
+        Req(unsafe { NonNull::new_unchecked(token as *mut Request) })
+    }
+
+    /// What a receive completion reports in this request's buffer: `len` bytes at its
+    /// start, or, in a multi-receive buffer (`multi`), at the completion's `buf` (an
+    /// address, only compared); `None` when `buf` lies outside the buffer. The bytes
+    /// stay valid until the buffer is posted again.
+    #[inline]
+    pub fn received_at<'a>(self, multi: bool, buf: usize, len: usize) -> Option<&'a [u8]> {
+        // SAFETY: the handle's invariant; the buffer holds `length` bytes (see
+        // `recv_buf`) and its receive completed, so nothing writes it until it is
+        // posted again, which the caller does only after it is done with the bytes.
+        unsafe {
+            let r = self.0.as_ptr();
+            crate::fabric::ep::received((*r).buffer, (*r).length, multi, buf as *const c_void, len)
+        }
+    }
+
+    /// A handle to `r`, an internal request of the caller's.
+    ///
+    /// # Safety
+    /// `r` is neither moved, freed nor used other than through handles until its last
+    /// completion is reaped (the caller waits for it, or keeps it alive until the MTL is
+    /// torn down).
     #[inline(always)]
-    pub(super) fn comm(&self) -> Result<Comm, c_int> {
-        self.comm.ok_or(sys::OMPI_ERR_BAD_PARAM)
+    pub unsafe fn of(r: &mut Request) -> Req {
+        Req(NonNull::from(r))
     }
 
+    /// The address, as software matching's tokens carry it.
+    #[inline(always)]
+    pub fn addr(self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+
+    /// The address a handle to `r` would have (to find a request by its handle).
+    #[inline(always)]
+    pub fn addr_of(r: &Request) -> u64 {
+        r as *const Request as u64
+    }
+
+    /// The completions still expected.
+    #[inline(always)]
+    pub fn pending(&self) -> &AtomicI32 {
+        // SAFETY: the handle's invariant: a live Request; the counter is an atomic,
+        // shared with whoever completes the request, borrowed only as long as `self`.
+        unsafe { &(*self.0.as_ptr()).pending }
+    }
+
+    /// Change the status through `f` (on a copy, written back).
+    #[inline(always)]
+    pub fn update_status(self, f: impl FnOnce(&mut Status)) {
+        let mut s = self.status();
+        f(&mut s);
+        self.set_status(s);
+    }
+
+    /// The context to post an operation of this request with (filled with garbage
+    /// first under the test hook of `common::quirks::scribble`).
     #[inline]
-    pub(super) fn ctx_ptr(&mut self) -> *mut c_void {
-        crate::common::quirks::scribble(&mut self.ctx);
-        ptr::addr_of_mut!(self.ctx) as *mut c_void
+    pub fn op_context(self) -> OpContext {
+        // SAFETY: the handle's invariant: a live request; no operation of it is in
+        // flight while it is being posted, so nothing else uses its ctx now.
+        crate::common::quirks::scribble(unsafe { &mut (*self.0.as_ptr()).ctx });
+        self.posted_context()
     }
 
-    /// The request an operation context belongs to.
+    /// The context an operation of this request was posted with (to cancel it).
+    #[inline]
+    pub fn posted_context(self) -> OpContext {
+        // SAFETY: the handle's invariant: the request, and with it its ctx field, lives
+        // until the operation's completion is reaped; no one but the provider reads or
+        // writes ctx (the data path only takes its address).
+        unsafe {
+            let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
+            OpContext::new(NonNull::new_unchecked(ctx))
+        }
+    }
+
+    /// Take over the memory a receive lands in (the user's, or a buffer of ours that
+    /// this request now owns and frees at completion).
+    #[inline]
+    pub fn set_recv_buffer(self, b: RecvBuffer) {
+        let (ptr, len, owned) = b.into_parts();
+        self.set_raw_buffer(ptr, len, owned);
+    }
+
+    /// Give the request a fresh buffer of `len` bytes it owns (freed at completion).
+    pub fn alloc_buffer(self, len: usize) -> Result<(), c_int> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain allocation; checked for null below.
+        let b = unsafe { libc::malloc(len) } as *mut u8;
+        if b.is_null() {
+            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
+        }
+        self.set_raw_buffer(b, len, true);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn set_raw_buffer(self, ptr: *mut u8, len: usize, owned: bool) {
+        // SAFETY: the handle's invariant: a live Request; plain field writes.
+        unsafe {
+            let r = self.0.as_ptr();
+            ptr::addr_of_mut!((*r).buffer).write(ptr);
+            ptr::addr_of_mut!((*r).length).write(len);
+            ptr::addr_of_mut!((*r).owns_buffer).write(owned);
+        }
+    }
+
+    /// Where the request's receive lands, for the fabric.
+    #[inline]
+    pub fn recv_buf(self) -> RecvBuf {
+        // SAFETY: buffer and length are set only from a `RecvBuffer` (the user's memory,
+        // valid until the PML's request completes, or ours) or by `alloc_buffer` (ours,
+        // freed only by `free_buffer` after the completion), so they describe memory
+        // that stays valid, and that only the provider touches, until the receive
+        // completes.
+        unsafe {
+            let r = self.0.as_ptr();
+            RecvBuf::new(
+                ptr::addr_of!((*r).buffer).read(),
+                ptr::addr_of!((*r).length).read(),
+            )
+        }
+    }
+
+    /// The data of a send, for the fabric: the request takes over a pack buffer (and
+    /// frees it at its last completion, or the caller with [`Req::free_buffer`] when
+    /// the post fails); a contiguous user buffer stays the PML's.
+    #[inline]
+    pub fn send_buf(self, data: SendData) -> SendBuf {
+        let (ptr, len, owned) = data.into_parts();
+        if owned {
+            self.set_raw_buffer(ptr as *mut u8, len, true);
+        }
+        // SAFETY: a pack buffer is owned by the request from here until its last
+        // completion (or a failed post); the user's contiguous buffer is valid until
+        // the PML's request completes, which is after the send's completion.
+        unsafe { SendBuf::new(ptr, len) }
+    }
+
+    /// Copy `bytes` into the request's buffer at `at`, as much as fits; the bytes
+    /// copied.
+    #[inline]
+    pub fn write_at(self, at: usize, bytes: &[u8]) -> usize {
+        let cap = self.length();
+        if at >= cap {
+            return 0;
+        }
+        let n = bytes.len().min(cap - at);
+        if n > 0 {
+            // SAFETY: the buffer holds `length` bytes (see `recv_buf`), no operation
+            // writes it now (the caller matched the message itself), and n <= cap - at.
+            unsafe {
+                let b = ptr::addr_of!((*self.0.as_ptr()).buffer).read();
+                ptr::copy_nonoverlapping(bytes.as_ptr(), b.add(at), n);
+            }
+        }
+        n
+    }
+
+    /// Free the buffer the request owns, if any.
+    #[inline]
+    pub fn free_buffer(self) {
+        if self.owns_buffer() {
+            // SAFETY: the handle's invariant; the owned buffer came from libc::malloc
+            // (`alloc_buffer`, a convertor's pack buffer) and its operation is over.
+            unsafe {
+                let r = self.0.as_ptr();
+                libc::free(ptr::addr_of!((*r).buffer).read() as *mut c_void);
+                ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
+            }
+            self.set_owns_buffer(false);
+        }
+    }
+
+    /// Unpack the first `n` received bytes of the buffer the request owns into the
+    /// user's datatype, then free it.
+    #[inline]
+    pub fn unpack_owned(self, n: usize) {
+        if !self.owns_buffer() {
+            return;
+        }
+        if let Some(conv) = self.convertor() {
+            let n = n.min(self.length());
+            // SAFETY: the owned buffer holds `length` bytes, of which the receive that
+            // just completed wrote the first n; nothing else references it.
+            let bytes = unsafe {
+                let b = ptr::addr_of!((*self.0.as_ptr()).buffer).read();
+                std::slice::from_raw_parts(b, n)
+            };
+            conv.unpack(bytes);
+        }
+        self.free_buffer();
+    }
+
+    /// Keep `mr`, the registration of a rendezvous send's buffer, until [`Req::take_mr`].
+    #[inline]
+    pub fn keep_mr(self, mr: MemoryRegion) {
+        drop(self.take_mr());
+        let p = Box::into_raw(Box::new(mr)) as *mut c_void;
+        // SAFETY: the handle's invariant; a plain field write.
+        unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).sm_mr).write(p) }
+    }
+
+    /// Take back the registration [`Req::keep_mr`] kept, if any.
+    #[inline]
+    pub fn take_mr(self) -> Option<Box<MemoryRegion>> {
+        // SAFETY: the handle's invariant; sm_mr is null or the Box `keep_mr` leaked,
+        // taken once (cleared here).
+        unsafe {
+            let f = ptr::addr_of_mut!((*self.0.as_ptr()).sm_mr);
+            let p = f.read() as *mut MemoryRegion;
+            f.write(ptr::null_mut());
+            (!p.is_null()).then(|| Box::from_raw(p))
+        }
+    }
+
+    /// The software-matching header kept in the request, as the first part of a send
+    /// (the request lives until the send's completion, and nothing but
+    /// [`Req::stamp_sm_hdr`] between attempts writes the header meanwhile).
+    #[inline]
+    pub fn sm_hdr_buf(self) -> SendBuf {
+        // SAFETY: the handle's invariant: the request, with its header, lives until the
+        // send's completion, and the header is written only before each attempt.
+        unsafe {
+            SendBuf::new(
+                ptr::addr_of!((*self.0.as_ptr()).sm_hdr) as *const u8,
+                std::mem::size_of::<super::softmatch::Hdr>(),
+            )
+        }
+    }
+
+    /// Number the header kept in the request (see `softmatch::order`); nothing for an
+    /// unnumbered message (`seq` 0).
+    #[inline]
+    pub fn stamp_sm_hdr(self, seq: u32, src: u64) {
+        if seq != 0 {
+            let mut h = self.sm_hdr();
+            h.seq = seq;
+            h.src = src;
+            self.set_sm_hdr(h);
+        }
+    }
+
+    /// A request of kind [`Kind::Copied`] followed by a copy of `head` then `data`, in
+    /// one block freed by [`Req::free_copied`]; `None` without memory.
+    pub fn alloc_copied(head: &[u8], data: &[u8]) -> Option<Req> {
+        let total = head.len() + data.len();
+        let layout = copied_layout(total)?;
+        // SAFETY: the layout has a non-zero size (it holds a Request).
+        let c = unsafe { std::alloc::alloc(layout) } as *mut Request;
+        let c = NonNull::new(c)?;
+        // SAFETY: c is a fresh block with room for a Request followed by total bytes;
+        // both sources hold what is copied.
+        unsafe {
+            let c = c.as_ptr();
+            c.write(Request::internal(Kind::Copied, None));
+            let buf = (c as *mut u8).add(std::mem::size_of::<Request>());
+            ptr::copy_nonoverlapping(head.as_ptr(), buf, head.len());
+            ptr::copy_nonoverlapping(data.as_ptr(), buf.add(head.len()), data.len());
+            (*c).buffer = buf;
+            (*c).length = total;
+        }
+        Some(Req(c))
+    }
+
+    /// The copy of a [`Req::alloc_copied`] request, to send.
+    #[inline]
+    pub fn copied_buf(self) -> SendBuf {
+        // SAFETY: the handle's invariant; a Copied request's buffer is the copy in its
+        // own block, which lives until `free_copied` after its completion.
+        unsafe {
+            let r = self.0.as_ptr();
+            SendBuf::new((*r).buffer, (*r).length)
+        }
+    }
+
+    /// Number the header at the start of a [`Req::alloc_copied`] request's copy (see
+    /// `softmatch::order`).
+    #[inline]
+    pub fn stamp_copied(self, seq: u32, src: u64) {
+        if seq != 0 {
+            use super::softmatch::Hdr;
+            self.write_at(std::mem::offset_of!(Hdr, seq), &seq.to_ne_bytes());
+            self.write_at(std::mem::offset_of!(Hdr, src), &src.to_ne_bytes());
+        }
+    }
+
+    /// Free a [`Req::alloc_copied`] request whose send completed, failed or was never
+    /// posted; the handle is not used afterwards. A request of any other kind is left
+    /// alone.
+    pub fn free_copied(self) {
+        if self.kind() != Kind::Copied {
+            return;
+        }
+        // SAFETY: a Copied request heads a block from alloc_copied with the layout of
+        // its length (the only place that makes one); its operation is over.
+        unsafe {
+            let r = self.0.as_ptr();
+            let total = (*r).length;
+            ptr::drop_in_place(r);
+            if let Some(layout) = copied_layout(total) {
+                std::alloc::dealloc(r as *mut u8, layout);
+            }
+        }
+    }
+
+    /// A PML request stands behind this one.
+    #[inline(always)]
+    pub fn has_pml(self) -> bool {
+        // SAFETY: the handle's invariant; the head is read by value.
+        ompi::request::has_pml(&unsafe { ptr::addr_of!((*self.0.as_ptr()).sup).read() })
+    }
+
+    /// Publish the status to the PML's request and tell the PML it is complete. The
+    /// handle is not used afterwards (the PML may free the request).
+    #[inline]
+    pub fn complete_to_pml(self) {
+        // SAFETY: the handle's invariant: a live request, which the PML's
+        // ompi_request_t outlives; nothing uses the handle after the callback.
+        unsafe {
+            let r = self.0.as_ptr();
+            ompi::request::complete(ptr::addr_of_mut!((*r).sup), (*r).status)
+        }
+    }
+
+    /// Tell the PML a cancel did not take.
+    #[inline]
+    pub fn mark_not_cancelled(self) {
+        // SAFETY: the handle's invariant: a live request, headed by the PML's.
+        unsafe { ompi::request::mark_not_cancelled(ptr::addr_of_mut!((*self.0.as_ptr()).sup)) }
+    }
+
+    /// A request on the heap that lives until [`Req::into_box`].
+    #[inline]
+    pub fn leak(r: Box<Request>) -> Req {
+        Req(NonNull::from(Box::leak(r)))
+    }
+
+    /// Take back a request made by [`Req::leak`].
     ///
     /// # Safety
-    /// `ctx` must be the `ctx` field of a live Request.
+    /// `self` came from [`Req::leak`], no operation of it is in flight, and no handle
+    /// to it is used afterwards.
     #[inline]
-    pub(super) unsafe fn from_ctx(ctx: *mut c_void) -> *mut Request {
-        // SAFETY: forwarded; ctx lies offset_of!(Request, ctx) bytes into it.
-        unsafe { (ctx as *mut u8).sub(offset_of!(Request, ctx)) as *mut Request }
-    }
-
-    /// Publish the status to the PML's request and tell the PML it is complete.
-    ///
-    /// # Safety
-    /// `r` must be a live PML request (sup.ompi_req set).
-    pub(super) unsafe fn complete_to_pml(r: *mut Request) {
-        // SAFETY: forwarded; the PML's ompi_request_t outlives the MTL request, and
-        // nothing here uses r after the callback.
-        unsafe { ompi::request::complete(ptr::addr_of_mut!((*r).sup), (*r).status) }
+    pub unsafe fn into_box(self) -> Box<Request> {
+        // SAFETY: forwarded: the Box leaked by `leak`.
+        unsafe { Box::from_raw(self.0.as_ptr()) }
     }
 }

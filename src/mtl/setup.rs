@@ -340,6 +340,9 @@ pub fn init_module(
     // Serialise every fabric call under MPI_THREAD_MULTIPLE, even when the provider
     // claims FI_THREAD_SAFE: udp;ofi_rxd hangs with concurrent callers (threads test).
     let threaded_lock = mpi_threads;
+    // SAFETY: mpi_threads is Open MPI's enable_mpi_threads: false only when one thread at
+    // a time calls into MPI.
+    let threads = unsafe { crate::common::sync::Threads::of(mpi_threads) };
     let inject_size = info.inject_size();
     // The depth of the provider's receive queue: the MTL keeps part of it for Open
     // MPI's own receives (state::RxBudget).
@@ -445,7 +448,7 @@ pub fn init_module(
         directed: directed && layout.source_in_data(),
         lazy_matching: quirks.lags_in_auto_progress,
         events_per_progress: events,
-        lock: crate::common::sync::MaybeLock::new(threaded_lock),
+        lock: crate::common::sync::MaybeLock::new(threads),
         overflow,
         overflow_len,
         sync_ids: AtomicU32::new(0),
@@ -533,7 +536,7 @@ pub fn init_module(
         };
         let mut sm = Box::new(super::softmatch::SoftMatch::new(
             dom.clone(),
-            mpi_threads,
+            threads,
             bounce,
             piece_max,
             multi,
@@ -700,10 +703,11 @@ pub fn add_procs_inner(procs: &mut [*mut sys::ompi_proc_t]) -> Result<(), c_int>
         return Err(sys::OMPI_ERR_NOT_AVAILABLE);
     };
     // The largest record this process sends through a fast box, if it has them.
-    let fbox_max = state::mtl()
-        .and_then(|m| m.soft.as_deref())
-        .filter(|sm| sm.fbox.is_some())
-        .map(|sm| sm.fbox_record_max());
+    let fbox_max = state::with_mtl(|m| {
+        m.and_then(|m| m.soft.as_deref())
+            .filter(|sm| sm.fbox.is_some())
+            .map(|sm| sm.fbox_record_max())
+    });
     for &p in procs.iter() {
         // SAFETY: p is a live proc from the PML.
         let slot = unsafe { &mut (*p).proc_endpoints[sys::OMPI_PROC_ENDPOINT_TAG_MTL as usize] };
@@ -839,7 +843,7 @@ extern "C" fn mtl_add_comm(
                  ({max} ids): once all are in use, creating another communicator fails with \
                  MPI_ERR_INTERN until some are freed; mtl_ofi_tag_mode=ofi_tag_2 or \
                  ofi_tag_full carries more where the provider allows it",
-                state::mtl().map_or("?", |m| m.layout.mode.name())
+                state::with_mtl(|m| m.map_or("?", |m| m.layout.mode.name()))
             );
         }
         if cid >= max {

@@ -29,14 +29,13 @@
 use super::completion::recv_done;
 use super::peer::{envelope, peer_addr};
 use super::probe::{peek_wait, recv_exact};
-use super::request::{Kind, Request};
-use super::state::{Deferred, Mtl};
-use crate::fabric::FI_ADDR_UNSPEC;
+use super::request::{Kind, Req, Request};
+use super::state::{locked, Deferred, Mtl};
+use crate::fabric::{EpRef, FI_ADDR_UNSPEC};
 use crate::ompi::comm::Comm;
 use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Messages taken off the provider per idle progress call and receive context.
@@ -58,38 +57,16 @@ fn matches(m: &Mtl, comm: Comm, want: u64, ignore: u64, addr: u64, bits: u64, da
     }
 }
 
-/// Does stashed message `s` match receive `r`?
-///
-/// # Safety
-/// `r` must be a live receive with its match bits and address set.
-unsafe fn matches_recv(m: &Mtl, r: *const Request, s: &Request) -> bool {
-    // SAFETY: forwarded.
-    let (comm, want, ignore, addr) = unsafe {
-        (
-            (*r).comm,
-            (*r).matched_tag,
-            (*r).matched_data,
-            (*r).post_addr,
-        )
-    };
+/// Does stashed message `s` match receive `r` (its match bits and address set)?
+fn matches_recv(m: &Mtl, r: Req, s: &Request) -> bool {
+    let (comm, want, ignore, addr) = (r.comm(), r.matched_tag(), r.matched_data(), r.post_addr());
     // A receive without a communicator matches nothing (every receive has one).
     comm.is_some_and(|comm| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
 }
 
 /// Take the oldest stashed message receive `r` matches.
-///
-/// # Safety
-/// As [`matches_recv`].
-pub(super) unsafe fn take_for_recv(
-    m: &Mtl,
-    d: &mut Deferred,
-    r: *const Request,
-) -> Option<Box<Request>> {
-    // SAFETY: forwarded.
-    let i = d
-        .stash
-        .iter()
-        .position(|s| unsafe { matches_recv(m, r, s) })?;
+pub(super) fn take_for_recv(m: &Mtl, d: &mut Deferred, r: Req) -> Option<Box<Request>> {
+    let i = d.stash.iter().position(|s| matches_recv(m, r, s))?;
     let s = d.stash.remove(i);
     if d.stash.is_empty() {
         m.has_stash.store(false, Ordering::SeqCst);
@@ -109,13 +86,15 @@ pub(super) fn peek_stash(
     m: &Mtl,
     comm: Comm,
     pattern: (u64, u64, u64),
-) -> Option<(u64, u64, usize)> {
+) -> Result<Option<(u64, u64, usize)>, c_int> {
     if !m.has_stash.load(Ordering::SeqCst) {
-        return None;
+        return Ok(None);
     }
-    let d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
-    let s = &d.stash[find(m, &d, comm, pattern)?];
-    Some((s.matched_tag, s.matched_data, s.status.count))
+    let d = locked(&m.deferred)?;
+    Ok(find(m, &d, comm, pattern).map(|i| {
+        let s = &d.stash[i];
+        (s.matched_tag, s.matched_data, s.status.count)
+    }))
 }
 
 /// `MPI_Improbe` of the stash: the oldest match, taken out and acknowledged (an
@@ -149,42 +128,33 @@ fn acknowledge(m: &Mtl, comm: Comm, s: &Request) {
     }
 }
 
-/// Complete receive `r` (taken off the waiting queue, never posted) with stashed
-/// message `s`: copy, unpack, acknowledge, report. Call without the `deferred` lock.
-///
-/// # Safety
-/// `r` must be a live receive that is in no queue any more.
-pub(super) unsafe fn deliver(m: &Mtl, r: *mut Request, s: Box<Request>) {
+/// Complete receive `r` (taken off the waiting queue, never posted, in no queue any
+/// more) with stashed message `s`: copy, unpack, acknowledge, report. Call without the
+/// `deferred` lock.
+pub(super) fn deliver(m: &Mtl, r: Req, s: Box<Request>) {
     let len = s.status.count;
-    // SAFETY: r is live; its buffer holds r.length bytes, ours `len`.
-    unsafe {
-        let n = len.min((*r).length);
-        if n > 0 {
-            ptr::copy_nonoverlapping(s.buffer, (*r).buffer, n);
-        }
-        recv_done(
-            m,
-            r,
-            s.matched_tag,
-            s.matched_data,
-            len,
-            true,
-            sys::MPI_SUCCESS as c_int,
-        );
-    }
+    r.write_at(0, s.received(len));
+    recv_done(
+        m,
+        r,
+        s.matched_tag,
+        s.matched_data,
+        len,
+        true,
+        sys::MPI_SUCCESS as c_int,
+    );
     free(s);
 }
 
-fn free(s: Box<Request>) {
-    if s.owns_buffer {
-        // SAFETY: allocated in take_first, referenced by nothing else.
-        unsafe { libc::free(s.buffer as *mut c_void) };
-    }
+/// Free a stashed message (its buffer, allocated in take_first).
+fn free(mut s: Box<Request>) {
+    s.free_buffer();
 }
 
-/// Drop every stashed message (finalize): they were never received.
+/// Drop every stashed message (finalize): they were never received. Teardown takes
+/// the queue also when a panic poisoned it: it only frees what is there.
 pub(super) fn discard_all(m: &Mtl) {
-    let mut d = m.deferred.lock().unwrap_or_else(|e| e.into_inner());
+    let mut d = crate::common::sync::lock(&m.deferred);
     if !d.stash.is_empty() {
         log::info!(
             "finalize: {} messages taken off a full provider queue were never received",
@@ -215,7 +185,7 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
         return;
     }
     let _busy = Busy(&m.breaker_busy);
-    let mut ready: Vec<(*mut Request, Box<Request>)> = Vec::new();
+    let mut ready: Vec<(Req, Box<Request>)> = Vec::new();
     {
         // A progress call nested in a holder of the lock (a completion's
         // acknowledgement) must not wait for it.
@@ -244,7 +214,7 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
             }
             seen.push(c.rx);
             for _ in 0..BATCH {
-                let s = match take_first(m, c.rx, want, ignore) {
+                let s = match take_first(m, c.rx(), want, ignore) {
                     Ok(Some(s)) => s,
                     Ok(None) => break,
                     Err(rc) => {
@@ -255,13 +225,10 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
                         break;
                     }
                 };
-                // SAFETY: waiting receives are live PML requests.
-                let i = d
-                    .user
-                    .iter()
-                    .position(|&r| unsafe { matches_recv(m, r as *const Request, &s) });
+                // Waiting receives are live PML requests.
+                let i = d.user.iter().position(|&r| matches_recv(m, r, &s));
                 match i.and_then(|i| d.user.remove(i)) {
-                    Some(r) => ready.push((r as *mut Request, s)),
+                    Some(r) => ready.push((r, s)),
                     None => {
                         d.stash.push_back(s);
                         m.has_stash.store(true, Ordering::SeqCst);
@@ -275,8 +242,8 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
         }
     }
     for (r, s) in ready {
-        // SAFETY: r was taken off the waiting queue: live and ours to complete.
-        unsafe { deliver(m, r, s) };
+        // Taken off the waiting queue: ours to complete.
+        deliver(m, r, s);
     }
 }
 
@@ -284,7 +251,7 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
 /// it (its tag bits, with nothing ignored) into a buffer of its length.
 fn take_first(
     m: &Mtl,
-    rx: *mut fi::fid_ep,
+    rx: EpRef<'_>,
     want: u64,
     ignore: u64,
 ) -> Result<Option<Box<Request>>, c_int> {

@@ -12,16 +12,19 @@
 //! is released, because a completion may post (the acknowledgement of a synchronous
 //! send) or call into the PML.
 
+use super::request::Req;
 use super::request::Request;
 use super::send::PendingSend;
 use super::tag::TagLayout;
 use crate::common::sync::MaybeLock;
-use crate::fabric::FI_ADDR_UNSPEC;
+use crate::fabric::{CqRef, EpRef, RecvBuf, FI_ADDR_UNSPEC};
 use libfabric_sys as fi;
 use std::collections::VecDeque;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::marker::PhantomData;
+use std::os::raw::c_int;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// The per-process MTL state the data path reads. Built by `setup.rs`.
 pub struct Mtl {
@@ -82,12 +85,44 @@ pub struct Mtl {
     pub acks: super::ack::Acks,
 }
 
-/// One transmit/receive context pair and the CQ both report to.
+/// One transmit/receive context pair and the CQ both report to. Invariant: the
+/// objects are open while the [`Mtl`] that holds this is reachable through [`mtl`]
+/// (setup keeps their owners in its resources, which finalize closes only after it
+/// took the state out of [`MTL`]), and the CQ has the tagged format.
 #[derive(Clone, Copy)]
 pub struct Ctx {
     pub tx: *mut fi::fid_ep,
     pub rx: *mut fi::fid_ep,
     pub cq: *mut fi::fid_cq,
+}
+
+impl Ctx {
+    /// The transmit context, to post through.
+    #[inline(always)]
+    pub fn tx(&self) -> EpRef<'_> {
+        ep_ref(self.tx)
+    }
+
+    /// The receive context, to post through.
+    #[inline(always)]
+    pub fn rx(&self) -> EpRef<'_> {
+        ep_ref(self.rx)
+    }
+
+    /// The completion queue, to poll.
+    #[inline(always)]
+    pub fn cq(&self) -> CqRef<'_> {
+        // SAFETY: the Ctx invariant: an open, tagged-format CQ while the state is
+        // reachable, which the borrow of `self` (part of the state) cannot outlive.
+        unsafe { CqRef::from_raw(NonNull::new_unchecked(self.cq)) }
+    }
+}
+
+#[inline(always)]
+fn ep_ref<'a>(ep: *mut fi::fid_ep) -> EpRef<'a> {
+    // SAFETY: the Ctx invariant: an open endpoint while the state is reachable; the
+    // callers tie 'a to their borrow of the Ctx, which is part of the state.
+    unsafe { EpRef::from_raw(NonNull::new_unchecked(ep)) }
 }
 
 impl Mtl {
@@ -120,8 +155,20 @@ impl Mtl {
     /// The endpoint software matching uses: the regular endpoint (software matching
     /// never opens a scalable one).
     #[inline(always)]
-    pub fn ep(&self) -> *mut fi::fid_ep {
-        self.ctxs[0].tx
+    pub fn ep(&self) -> EpRef<'_> {
+        self.ctxs[0].tx()
+    }
+
+    /// The scratch receives end with (see `overflow`), empty when unused.
+    #[inline(always)]
+    pub fn overflow(&self) -> RecvBuf {
+        if self.overflow.is_null() {
+            return RecvBuf::EMPTY;
+        }
+        // SAFETY: the area is mapped from init until finalize unmaps it after the
+        // endpoint closed, and no one but the provider ever reads or writes it (its
+        // contents are garbage, never read), so it may take part in any receive.
+        unsafe { RecvBuf::new(self.overflow, self.overflow_len) }
     }
 }
 
@@ -131,15 +178,15 @@ impl Mtl {
 /// `MPI_ANY_TAG` does not match (see tag.rs), `user` every other receive.
 #[derive(Default)]
 pub struct Deferred {
-    pub user: VecDeque<usize>,
-    pub internal: VecDeque<usize>,
+    pub user: VecDeque<Req>,
+    pub internal: VecDeque<Req>,
     /// Messages of the user's class taken off the provider that no receive matched yet,
     /// oldest first (see stall.rs).
     pub stash: VecDeque<Box<Request>>,
 }
 
 impl Deferred {
-    pub(super) fn queue(&mut self, internal: bool) -> &mut VecDeque<usize> {
+    pub(super) fn queue(&mut self, internal: bool) -> &mut VecDeque<Req> {
         if internal {
             &mut self.internal
         } else {
@@ -152,7 +199,7 @@ impl Deferred {
     }
 
     /// Take `r` out of whichever queue holds it.
-    pub(super) fn remove(&mut self, r: usize) -> bool {
+    pub(super) fn remove(&mut self, r: Req) -> bool {
         for q in [&mut self.user, &mut self.internal] {
             if let Some(i) = q.iter().position(|&d| d == r) {
                 q.remove(i);
@@ -250,30 +297,18 @@ impl RxBudget {
 
 /// `r` is about to be posted: count it (before posting, so that its completion,
 /// possibly on another thread, never finds the count at zero).
-///
-/// # Safety
-/// `r` must be a live receive.
 #[inline]
-pub(super) unsafe fn rx_enter(m: &Mtl, r: *mut Request) {
-    // SAFETY: forwarded.
-    unsafe {
-        m.rx.change((*r).rx_internal, true);
-        (*r).in_provider = true;
-    }
+pub(super) fn rx_enter(m: &Mtl, r: Req) {
+    m.rx.change(r.rx_internal(), true);
+    r.set_in_provider(true);
 }
 
 /// `r` left the provider's queue (completed, failed, cancelled, or never got in).
-///
-/// # Safety
-/// `r` must be a live receive.
 #[inline]
-pub(super) unsafe fn rx_leave(m: &Mtl, r: *mut Request) {
-    // SAFETY: forwarded.
-    unsafe {
-        if (*r).in_provider {
-            (*r).in_provider = false;
-            m.rx.change((*r).rx_internal, false);
-        }
+pub(super) fn rx_leave(m: &Mtl, r: Req) {
+    if r.in_provider() {
+        r.set_in_provider(false);
+        m.rx.change(r.rx_internal(), false);
     }
 }
 
@@ -292,22 +327,75 @@ pub struct Counters {
     pub per_ctx: Box<[AtomicU64]>,
 }
 
-// SAFETY: the raw fid pointers are only used under `lock` when the provider's
-// threading level requires it (see setup.rs, which chooses the lock from the
-// negotiated FI_THREAD_* level); the objects live until finalize.
+// SAFETY: the raw fid pointers are used only through `Ctx`'s views, under `lock`
+// whenever several threads may call in (setup builds the lock from Open MPI's thread
+// level); the overflow area is shared scratch that only the provider touches.
 unsafe impl Send for Mtl {}
-// SAFETY: as above.
+// SAFETY: as for Send: every libfabric call takes the `lock`'s proof.
 unsafe impl Sync for Mtl {}
 
 /// The running MTL of this process (null before init and after finalize).
 pub static MTL: AtomicPtr<Mtl> = AtomicPtr::new(ptr::null_mut());
 
+/// Set when a panic was caught in an entry point (`ompi::component::ffi_guard_module`):
+/// the state's lists may be half-updated, so the data path refuses every later call;
+/// teardown still runs and releases what it can.
+pub static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// One call into the module, from an entry point: the state it reaches through
+/// [`mtl`] lives as long as the call. Not `Send`, and never stored.
+pub struct Entry(PhantomData<*const ()>);
+
+impl Entry {
+    /// # Safety
+    /// Called at the start of an entry point that the PML makes between the module's
+    /// init and `mtl_finalize` (or of the progress callback while it is registered),
+    /// and dropped before the entry returns: finalize takes the state out of [`MTL`]
+    /// before it frees it, and no entry runs after it (the PML's contract).
+    #[inline(always)]
+    pub unsafe fn enter() -> Entry {
+        Entry(PhantomData)
+    }
+}
+
+/// The running state, for the duration of the entry `e` (none before init, after
+/// finalize, or once a panic marked the module failed).
 #[inline]
-pub(super) fn mtl() -> Option<&'static Mtl> {
+pub(super) fn mtl(e: &Entry) -> Option<&Mtl> {
+    let _ = e;
+    if FAILED.load(Ordering::Relaxed) {
+        return None;
+    }
     let p = MTL.load(Ordering::Acquire);
-    // SAFETY: MTL points to a leaked Box that finalize frees only after the PML has
-    // stopped calling us (mtl_finalize is the last call of the module).
+    // SAFETY: MTL points to a leaked Box that finalize frees only after taking it out
+    // of MTL, when no entry runs any more (`Entry::enter`'s promise); the reference
+    // lives no longer than the entry `e`.
     unsafe { p.as_ref() }
+}
+
+/// The running state for the call of `f`, from the module's control entries
+/// (add_procs, add_comm, the MPI_T variables), which Open MPI makes between init and
+/// finalize and never at the same time as finalize (both are MPI calls it serialises
+/// with MPI_Finalize). The reference cannot leave `f`.
+pub(super) fn with_mtl<R>(f: impl FnOnce(Option<&Mtl>) -> R) -> R {
+    // SAFETY: the reference lives only for the call of `f`, which is inside one of
+    // the control entries above: between init and finalize, never during finalize.
+    let e = unsafe { Entry::enter() };
+    f(mtl(&e))
+}
+
+/// Take `lock` on the data path. A poisoned lock means a panic happened while it was
+/// held, so its data may be half-updated: the module is marked failed (the panicking
+/// entry's guard does so too, but another thread may get here first) and the caller
+/// refuses with `OMPI_ERROR`. Teardown takes such locks with `common::sync::lock`
+/// instead: it only drains and frees.
+#[inline]
+pub(crate) fn locked<T>(lock: &Mutex<T>) -> Result<MutexGuard<'_, T>, c_int> {
+    lock.lock().map_err(|_| {
+        FAILED.store(true, Ordering::Relaxed);
+        log::error!("a lock of the MTL was poisoned by a panic: the module refuses further calls");
+        ompi_sys::OMPI_ERROR
+    })
 }
 
 #[cfg(test)]

@@ -40,9 +40,10 @@ unsafe impl Table for Mtl {
     fn counts() -> Counts {
         Counts {
             fbox_sent: super::setup::fbox_sent(),
-            fbox_received: super::state::mtl()
-                .and_then(|m| m.soft.as_deref())
-                .map_or(0, |sm| sm.fbox_received.load(Ordering::Relaxed)),
+            fbox_received: super::state::with_mtl(|m| {
+                m.and_then(|m| m.soft.as_deref())
+                    .map_or(0, |sm| sm.fbox_received.load(Ordering::Relaxed))
+            }),
         }
     }
 }

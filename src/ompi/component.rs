@@ -92,3 +92,32 @@ pub fn ffi_guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
         }
     }
 }
+
+/// [`ffi_guard`] for the data-path entries of a module whose state a panic may leave
+/// half-updated: a caught panic sets `failed`, and while it is set the call is refused
+/// with `refused` without running `f`. Teardown entries use [`ffi_guard`], so that
+/// they still release what they can.
+pub fn ffi_guard_module<R>(
+    what: &str,
+    failed: &std::sync::atomic::AtomicBool,
+    refused: R,
+    f: impl FnOnce() -> R,
+) -> R {
+    use std::sync::atomic::Ordering;
+    if failed.load(Ordering::Relaxed) {
+        return refused;
+    }
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(e) => {
+            failed.store(true, Ordering::Relaxed);
+            let msg = e
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| e.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            log::error!("internal error in {what}: {msg}; the module refuses further calls");
+            refused
+        }
+    }
+}

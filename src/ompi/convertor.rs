@@ -111,12 +111,14 @@ impl Convertor {
 }
 
 /// The bytes of a send: the user's memory when contiguous, else a buffer of ours that
-/// holds the packed data (freed on drop unless the caller takes it with
-/// [`SendData::into_owned`]).
+/// holds the packed data (freed on drop unless the caller takes it over with
+/// [`SendData::into_parts`]). Invariant: `ptr` holds `len` bytes, valid while the
+/// operation the convertor was prepared for lives (the user's) or while this value
+/// or its taker owns them (ours).
 pub struct SendData {
-    pub ptr: *const u8,
-    pub len: usize,
-    pub owned: bool,
+    ptr: *const u8,
+    len: usize,
+    owned: bool,
 }
 
 /// Where the data of `conv` is: the user's memory when it is one contiguous block,
@@ -150,10 +152,39 @@ impl SendData {
         Ok(data)
     }
 
-    /// Give up ownership of the pack buffer: whoever took `ptr` frees it with
-    /// `libc::free`.
-    pub fn into_owned(self) {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, for the paths that copy them before returning (injects, copies).
+    #[inline(always)]
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the invariant: ptr holds len bytes while self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Where the data starts, as a peer addresses it for an RMA read.
+    #[inline(always)]
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Take the data apart: the caller owns a pack buffer (`owned`) from here, and frees
+    /// it with `libc::free`.
+    #[inline]
+    pub fn into_parts(self) -> (*const u8, usize, bool) {
+        let parts = (self.ptr, self.len, self.owned);
         std::mem::forget(self);
+        parts
     }
 }
 
@@ -167,16 +198,43 @@ impl Drop for SendData {
 }
 
 /// Where a receive lands: the user's memory when contiguous, else a buffer of ours
-/// (`owned`) that is unpacked once the data arrived.
+/// (`owned`, from `libc::malloc`) that is unpacked once the data arrived. Invariant as
+/// for [`SendData`]; whoever takes it apart frees an owned buffer.
 pub struct RecvBuffer {
-    pub ptr: *mut u8,
-    pub len: usize,
-    pub owned: bool,
+    ptr: *mut u8,
+    len: usize,
+    owned: bool,
 }
 
 impl RecvBuffer {
     pub fn of(conv: Convertor) -> Result<RecvBuffer, c_int> {
         let (ptr, len, owned) = region(conv)?;
         Ok(RecvBuffer { ptr, len, owned })
+    }
+
+    /// Take the buffer apart: the caller owns a buffer of ours (`owned`) from here.
+    #[inline]
+    pub fn into_parts(self) -> (*mut u8, usize, bool) {
+        (self.ptr, self.len, self.owned)
+    }
+}
+
+impl Convertor {
+    /// Deliver `src`, bytes received into a buffer of ours, to the user's memory: a
+    /// copy when it is one contiguous block, else an unpack. Returns the bytes
+    /// delivered (at most the convertor's packed size).
+    pub fn deliver(self, src: &[u8]) -> usize {
+        let Info { size, contig } = self.info();
+        let n = src.len().min(size);
+        if n == 0 {
+            return 0;
+        }
+        match contig {
+            // SAFETY: start is the user's contiguous buffer of `size` bytes (the
+            // convertor's invariant), n <= size, and src is ours, so they do not overlap.
+            Some(start) => unsafe { ptr::copy_nonoverlapping(src.as_ptr(), start, n) },
+            None => self.unpack(&src[..n]),
+        }
+        n
     }
 }

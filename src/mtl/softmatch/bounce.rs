@@ -11,14 +11,12 @@ use super::recv::{deliver, fail_recv, Delivery};
 use super::send::drop_mr;
 use super::wire::{Hdr, ACK, EAGER, FIN, FRAG, HDR_LEN};
 use super::SoftMatch;
-use crate::fabric::FI_ADDR_UNSPEC;
+use crate::fabric::{self, Serialized};
 use crate::mtl::completion;
 use crate::mtl::progress;
-use crate::mtl::request::Request;
+use crate::mtl::request::Req;
 use crate::mtl::state::Mtl;
 use libfabric_sys as fi;
-use std::os::raw::c_void;
-use std::ptr;
 use std::sync::atomic::Ordering;
 
 /// Receive buffers posted, one message each, where the provider has no `FI_MULTI_RECV`.
@@ -41,51 +39,31 @@ pub const BOUNCE_SMALL: usize = 16384;
 /// (bench/pingpong.c over net, `-s 65536`, shows it).
 pub const BOUNCE_LARGE: usize = 65536 + HDR_LEN;
 
-/// Post bounce buffer `r`, progressing while the provider pushes back; returns the
-/// provider's code.
-pub(super) fn post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
-    progress::retry(m, || try_post_bounce(m, sm, r))
+/// Post bounce buffer `r`, progressing while the provider pushes back.
+pub(super) fn post_bounce(m: &Mtl, sm: &SoftMatch, r: Req) -> fabric::Result<()> {
+    progress::retry(m, |s| try_post_bounce(m, sm, s, r))
 }
 
-/// One attempt at posting bounce buffer `r`. The caller holds `m.lock`.
-fn try_post_bounce(m: &Mtl, sm: &SoftMatch, r: *mut Request) -> isize {
-    // SAFETY: r is one of our bounce requests; its buffer lives until finalize.
-    let (buf, len, ctx) = unsafe { ((*r).buffer, (*r).length, (*r).ctx_ptr()) };
-    if sm.multi {
-        // SAFETY: see above.
-        unsafe {
-            crate::fabric::ep::recv_multi(m.ep(), buf as *mut c_void, len, ptr::null_mut(), ctx)
-        }
-    } else {
-        // SAFETY: see above.
-        unsafe {
-            fi::fi_recv(
-                m.ep(),
-                buf as *mut c_void,
-                len,
-                ptr::null_mut(),
-                FI_ADDR_UNSPEC,
-                ctx,
-            )
-        }
-    }
+/// One attempt at posting bounce buffer `r` (its buffer lives until finalize), under
+/// the lock (`s`).
+fn try_post_bounce(m: &Mtl, sm: &SoftMatch, s: &Serialized<'_>, r: Req) -> fabric::Result<()> {
+    m.ep().recv(s, r.recv_buf(), sm.multi, r.op_context())
 }
 
 /// Post bounce buffer `r` again after its completion. A buffer the provider refuses
 /// (an error other than `-FI_EAGAIN`) is kept for [`post_unposted`], not lost: fewer
 /// posted buffers slow the traffic, none would stop it.
-fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) {
+fn repost(m: &Mtl, sm: &SoftMatch, r: Req) {
     let ret = if crate::common::sync::refuse_repost() {
-        -(fi::FI_EIO as isize)
+        Err(fabric::Error(libfabric_sys::FI_EIO as i32))
     } else {
         post_bounce(m, sm, r)
     };
-    if ret < 0 {
+    if let Err(e) = ret {
         if let Some(n) = sm.unposted.push(r) {
             log::error!(
-                "reposting a receive buffer failed: {}; progress tries again ({n} refused \
-                 so far)",
-                crate::fabric::Error::from_ret(ret)
+                "reposting a receive buffer failed: {e}; progress tries again ({n} refused \
+                 so far)"
             );
         }
     }
@@ -96,40 +74,32 @@ fn repost(m: &Mtl, sm: &SoftMatch, r: *mut Request) {
 /// section.
 pub fn post_unposted(m: &Mtl, sm: &SoftMatch) {
     let (posted, all) = sm.unposted.retry(|&r| {
-        let _g = m.lock.lock();
-        try_post_bounce(m, sm, r) >= 0
+        let g = m.lock.lock();
+        try_post_bounce(m, sm, &g.serialized(), r).is_ok()
     });
     if posted > 0 && all {
         log::info!("the receive buffers the provider refused are posted again");
     }
 }
 
-/// A completion of receive buffer `b`: a message of `e.len` bytes at its start, or at
-/// `e.buf` in a multi-receive buffer, which the provider may also report released.
-///
-/// # Safety
-/// `b` must be one of the bounce requests, and `e` its completion.
-pub unsafe fn bounce_completed(
-    m: &Mtl,
-    sm: &SoftMatch,
-    b: *mut Request,
-    e: &fi::fi_cq_tagged_entry,
-) {
-    // SAFETY: b is a bounce request; its buffer holds `length` bytes until finalize.
-    let (base, cap) = unsafe { ((*b).buffer, (*b).length) };
+/// A completion of receive buffer `b` (one of the bounce requests; `e` its
+/// completion): a message of `e.len` bytes at its start, or at `e.buf` in a
+/// multi-receive buffer, which the provider may also report released.
+pub fn bounce_completed(m: &Mtl, sm: &SoftMatch, b: Req, e: &fi::fi_cq_tagged_entry) {
     let released = !sm.multi || e.flags & fi::FI_MULTI_RECV as u64 != 0;
     // A multi-receive buffer may be released by a completion of its own, without a
     // message.
     if !sm.multi || e.len > 0 {
-        // SAFETY: the bounce buffer, not reposted before bounce_done returns.
-        match unsafe { crate::fabric::ep::received(base, cap, sm.multi, e.buf, e.len) } {
+        // The bounce buffer, not reposted before bounce_done returns.
+        match b.received_at(sm.multi, e.buf as usize, e.len) {
             Some(bytes) => bounce_done(m, sm, bytes),
             None => {
                 sm.rejected.fetch_add(1, Ordering::Relaxed);
                 log::error!(
                     "dropping a received message that the provider placed outside its \
-                     receive buffer ({:p}, buffer {base:p} of {cap} bytes)",
-                    e.buf
+                     receive buffer ({:p}, buffer of {} bytes)",
+                    e.buf,
+                    b.length()
                 );
             }
         }
@@ -142,7 +112,7 @@ pub unsafe fn bounce_completed(
 /// A receive into buffer `b` completed with error `code` (`flags` as reported): the
 /// message is lost. A multi-receive buffer the provider did not release stays posted;
 /// one it released is posted again, unless it was cancelled.
-pub fn bounce_failed(m: &Mtl, sm: &SoftMatch, b: *mut Request, code: u32, flags: u64) {
+pub fn bounce_failed(m: &Mtl, sm: &SoftMatch, b: Req, code: u32, flags: u64) {
     if code == fi::FI_ECANCELED {
         return;
     }
@@ -202,15 +172,11 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                 );
                 return;
             }
-            let r = hdr.token as *mut Request;
-            // SAFETY: the token is the pointer of our own send request, registered in
-            // `waiting` when it was sent and alive until this last completion.
-            unsafe {
-                if hdr.kind == FIN {
-                    drop_mr(&mut *r);
-                }
-                completion::finish_part(r);
+            let r = SoftMatch::token_request(hdr.token);
+            if hdr.kind == FIN {
+                drop_mr(r);
             }
+            completion::finish_part(r);
         }
         FRAG => {
             let whole = {
@@ -240,8 +206,8 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                         hdr.len
                     );
                     if let Some(r) = target {
-                        // SAFETY: r is the live receive the message had matched.
-                        unsafe { fail_recv(m, r, &hdr) };
+                        // The live receive the message had matched.
+                        fail_recv(m, r, &hdr);
                     }
                 }
                 Ok(matched) => {

@@ -5,14 +5,12 @@
 //! for the window; what a FIN or ACK does on arrival is `bounce`'s.
 
 use super::send::{fbox_post, send_copy};
-use super::wire::{Hdr, HDR_LEN};
+use super::wire::Hdr;
 use super::SoftMatch;
 use crate::common::fbox;
+use crate::fabric;
 use crate::mtl::progress;
 use crate::mtl::state::Mtl;
-use libfabric_sys as fi;
-use std::os::raw::c_void;
-use std::ptr;
 use std::sync::atomic::Ordering;
 
 /// Send a control message (FIN or ACK) with `token` to `addr`: through `fbox` when
@@ -27,41 +25,36 @@ pub(super) fn control(m: &Mtl, addr: u64, fbox: Option<&fbox::Tx>, kind: u32, to
         token,
         ..Default::default()
     };
-    // SAFETY: h is a header; no payload.
-    if fbox.is_some_and(|tx| unsafe { fbox_post(tx, &h, ptr::null(), 0) } == 0) {
+    if fbox.is_some_and(|tx| fbox_post(tx, &h, &[]).is_ok()) {
         return;
     }
     if let Some(sm) = m.soft.as_deref().filter(|sm| sm.send_window > 0) {
         // Control messages carry no order: one may pass those queued before it.
         if sm.has_controls_waiting.load(Ordering::Acquire) || !sm.window_open() {
-            sm.controls().push_back((addr, kind, token));
-            sm.has_controls_waiting.store(true, Ordering::Release);
+            if let Some(mut q) = sm.controls() {
+                q.push_back((addr, kind, token));
+                sm.has_controls_waiting.store(true, Ordering::Release);
+            }
         } else {
             control_copy(m, sm, &h, addr);
         }
         return;
     }
-    let ret = progress::retry(m, || {
-        // SAFETY: inject copies the header before returning.
-        unsafe { fi::fi_inject(m.ep(), &h as *const Hdr as *const c_void, HDR_LEN, addr) }
-    });
+    let ep = m.ep();
+    let ret = progress::retry(m, |s| ep.inject(s, &h.to_bytes(), addr));
     log_control_error(ret);
 }
 
 /// Send control header `h` to `addr` as a copy in the send window, unnumbered (seq 0,
 /// as control messages are).
 fn control_copy(m: &Mtl, sm: &SoftMatch, h: &Hdr, addr: u64) {
-    // SAFETY: h is a header, no payload.
-    let ret = unsafe { send_copy(m, sm, h, ptr::null(), 0, addr, &mut Some((0, 0))) };
+    let ret = send_copy(m, sm, h, &[], addr, &mut Some((0, 0)));
     log_control_error(ret);
 }
 
-fn log_control_error(ret: isize) {
-    if ret < 0 {
-        log::error!(
-            "sending a protocol message failed: {}",
-            crate::fabric::Error::from_ret(ret)
-        );
+fn log_control_error(ret: fabric::Result<()>) {
+    if let Err(e) = ret {
+        log::error!("sending a protocol message failed: {e}");
     }
 }
 
@@ -83,7 +76,9 @@ pub fn post_waiting_controls(m: &Mtl, sm: &SoftMatch) {
 fn flush_controls(m: &Mtl, sm: &SoftMatch) {
     while sm.window_open() {
         let next = {
-            let mut q = sm.controls();
+            let Some(mut q) = sm.controls() else {
+                return;
+            };
             let next = q.pop_front();
             if q.is_empty() {
                 sm.has_controls_waiting.store(false, Ordering::Release);

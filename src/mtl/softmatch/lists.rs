@@ -6,9 +6,8 @@
 //! completes a request (delivery happens after the lock is released, in `recv`).
 
 use super::wire::{Hdr, EAGER};
-use crate::mtl::request::Request;
+use crate::mtl::request::Req;
 use std::collections::VecDeque;
-use std::ptr;
 
 /// An envelope decoded from a header, as the matching sees it.
 pub(super) fn matches(bits: u64, ignore: u64, msg: u64) -> bool {
@@ -16,7 +15,7 @@ pub(super) fn matches(bits: u64, ignore: u64, msg: u64) -> bool {
 }
 
 pub(super) struct Posted {
-    pub(super) req: *mut Request,
+    pub(super) req: Req,
     pub(super) bits: u64,
     pub(super) ignore: u64,
 }
@@ -38,7 +37,7 @@ pub(super) struct Partial {
     /// straight into its buffer. Matching then is matching in order: the pieces of one
     /// message are sent back to back and a peer's messages arrive in the order sent,
     /// so nothing its sender sent later can arrive in between.
-    target: Option<*mut Request>,
+    target: Option<Req>,
     /// Without a target: the message so far, queued as unexpected when whole.
     pub(super) payload: Vec<u8>,
     /// Bytes received so far.
@@ -57,7 +56,7 @@ pub(super) struct Lists {
 
 impl Lists {
     /// Take the first posted receive that matches a message with envelope `bits`.
-    pub(super) fn take_posted(&mut self, bits: u64) -> Option<*mut Request> {
+    pub(super) fn take_posted(&mut self, bits: u64) -> Option<Req> {
         // The common case first: the oldest receive matches (a ping-pong, a receive
         // per expected message).
         if let Some(p) = self.posted.front() {
@@ -84,7 +83,7 @@ pub(super) enum Whole {
     /// Pieces are missing.
     Not,
     /// A message with a target, filled: deliver it.
-    Filled(*mut Request, Hdr),
+    Filled(Req, Hdr),
     /// A message without one (or without memory for it: `lost`): match it now, or
     /// queue it.
     Owned(Unexpected),
@@ -96,7 +95,7 @@ pub(super) fn add_piece(
     lists: &mut Lists,
     hdr: &Hdr,
     payload: &[u8],
-) -> Result<Whole, Option<*mut Request>> {
+) -> Result<Whole, Option<Req>> {
     let len = hdr.len as usize;
     if !lists.partial.contains_key(&hdr.key) {
         let target = lists.take_posted(hdr.bits);
@@ -142,15 +141,8 @@ pub(super) fn add_piece(
     let at = hdr.addr as usize;
     match p.target {
         Some(r) => {
-            // SAFETY: r is a live receive we matched; its buffer holds its length in
-            // bytes, and only the part of the piece below that is written.
-            unsafe {
-                let cap = (*r).length;
-                if at < cap {
-                    let n = payload.len().min(cap - at);
-                    ptr::copy_nonoverlapping(payload.as_ptr(), (*r).buffer.add(at), n);
-                }
-            }
+            // The live receive we matched: only the part of the piece that fits it.
+            r.write_at(at, payload);
         }
         None if p.lost => {}
         None => p.payload[at..at + payload.len()].copy_from_slice(payload),

@@ -67,17 +67,16 @@ pub use send::{copied_sent, send, send_injected, PIECE_BUF, SENT_INLINE};
 pub use wire::{BadHdr, Hdr, HDR_LEN, PIECES_EAGER_MAX, SLOW_SEND_EAGER_INJECTS};
 
 use crate::common::fbox;
-use crate::fabric::Domain;
+use crate::fabric::{self, Domain, Serialized};
 use crate::mtl::progress;
-use crate::mtl::request::Kind;
-use crate::mtl::request::Request;
-use crate::mtl::state::Mtl;
+use crate::mtl::request::{Kind, Req};
+use crate::mtl::state::{locked, Mtl};
+use crate::ompi::error::OpalCode;
 use bounce::post_bounce;
 use lists::Lists;
-use ompi_sys as sys;
 use order::{process_id, Order};
 use std::collections::VecDeque;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -92,7 +91,7 @@ pub struct SoftMatch {
     pub rejected: AtomicU64,
     /// Held while one thread reads and dispatches completions.
     pub progress: crate::common::sync::Serial,
-    bounces: Vec<*mut Request>,
+    bounces: Vec<Req>,
     /// Copied sends posted and not yet completed (finalize waits for them).
     pub copies_in_flight: AtomicUsize,
     domain: Arc<Domain>,
@@ -132,12 +131,12 @@ pub struct SoftMatch {
     /// Records received through `fbox`.
     pub fbox_received: AtomicU64,
     /// Matched receives whose read the provider refused, posted by progress.
-    reads_waiting: Mutex<VecDeque<*mut Request>>,
+    reads_waiting: Mutex<VecDeque<Req>>,
     /// Mirrors `!reads_waiting.is_empty()`.
     pub has_reads_waiting: AtomicBool,
     /// Receive buffers the provider refused to take back with an error other than
     /// `-FI_EAGAIN`, posted again by progress ([`post_unposted`]).
-    pub unposted: crate::common::sync::Unposted<*mut Request>,
+    pub unposted: crate::common::sync::Unposted<Req>,
     /// Under a send window: FIN and ACK messages (address, kind, token) that found the
     /// window full, sent by progress when it has room ([`post_waiting_controls`]).
     controls_waiting: Mutex<VecDeque<(u64, u32, u64)>>,
@@ -148,11 +147,12 @@ pub struct SoftMatch {
     controls_flushing: AtomicBool,
 }
 
-// SAFETY: the raw pointers are our own heap requests, touched under `lists` or by the
-// progress path that owns their completion.
+// SAFETY: the request handles are our own heap requests or the PML's, touched under
+// `lists` or the mutexes that hold them, or by the progress path that owns their
+// completion; `fbox` is a shared-memory ring used by one poller (`poll_fbox`).
 unsafe impl Send for SoftMatch {}
 
-// SAFETY: as above.
+// SAFETY: as for Send: every shared field is a lock, an atomic or read-only after setup.
 unsafe impl Sync for SoftMatch {}
 
 impl SoftMatch {
@@ -171,7 +171,7 @@ impl SoftMatch {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         domain: Arc<Domain>,
-        threads: bool,
+        threads: crate::common::sync::Threads,
         bounce_size: usize,
         piece_max: usize,
         multi: bool,
@@ -195,7 +195,7 @@ impl SoftMatch {
             ),
             waiting: Mutex::new(crate::common::IdMap::default()),
             rejected: AtomicU64::new(0),
-            progress: crate::common::sync::Serial::new(threads),
+            progress: crate::common::sync::Serial::new(threads.multiple()),
             bounces: Vec::new(),
             copies_in_flight: AtomicUsize::new(0),
             domain,
@@ -221,7 +221,11 @@ impl SoftMatch {
 
     /// Post a message that matches to `addr` with `post(seq, src)` (see
     /// [`Order::numbered`]; unnumbered, `post(0, 0)`, where the provider keeps order).
-    fn numbered(&self, addr: u64, post: impl FnOnce(u32, u64) -> isize) -> isize {
+    fn numbered(
+        &self,
+        addr: u64,
+        post: impl FnOnce(u32, u64) -> fabric::Result<()>,
+    ) -> fabric::Result<()> {
         match &self.order {
             Some(o) => o.numbered(addr, post),
             None => post(0, 0),
@@ -237,13 +241,13 @@ impl SoftMatch {
         m: &Mtl,
         addr: u64,
         num: &mut Option<(u32, u64)>,
-        mut post: impl FnMut(u32, u64) -> isize,
-    ) -> isize {
-        progress::retry(m, || match *num {
-            Some((seq, src)) => post(seq, src),
+        mut post: impl FnMut(&Serialized<'_>, u32, u64) -> fabric::Result<()>,
+    ) -> fabric::Result<()> {
+        progress::retry(m, |s| match *num {
+            Some((seq, src)) => post(s, seq, src),
             None => self.numbered(addr, |seq, src| {
-                let ret = post(seq, src);
-                if ret >= 0 {
+                let ret = post(s, seq, src);
+                if ret.is_ok() {
                     *num = Some((seq, src));
                 }
                 ret
@@ -261,16 +265,17 @@ impl SoftMatch {
     pub fn sends_left(&self) -> usize {
         self.copies_in_flight.load(Ordering::Relaxed)
             + if self.has_controls_waiting.load(Ordering::Acquire) {
-                self.controls().len()
+                // Teardown asks too: a poisoned queue still says how many wait.
+                crate::common::sync::lock(&self.controls_waiting).len()
             } else {
                 0
             }
     }
 
-    fn controls(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, u32, u64)>> {
-        self.controls_waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    /// The queue of control messages waiting for the window; `None` once a panic
+    /// poisoned it (`state::locked`).
+    fn controls(&self) -> Option<std::sync::MutexGuard<'_, VecDeque<(u64, u32, u64)>>> {
+        locked(&self.controls_waiting).ok()
     }
 
     /// Under a send window, progress until fewer than `send_window` copies are in
@@ -310,16 +315,19 @@ impl SoftMatch {
     }
 
     /// Hand every record waiting in this process's fast boxes to [`bounce_done`], up
-    /// to `budget` per ring; returns how many.
-    ///
-    /// # Safety
-    /// Under the progress serial section (one poller).
-    pub unsafe fn poll_fbox(&self, m: &Mtl, budget: usize) -> usize {
-        let Some(rx) = self.fbox.as_ref() else {
+    /// to `budget` per ring; returns how many. `serial`: the progress serial section
+    /// is held (one poller); nothing is polled with another guard.
+    pub fn poll_fbox(
+        &self,
+        m: &Mtl,
+        budget: usize,
+        serial: &crate::common::sync::SerialGuard<'_>,
+    ) -> usize {
+        let Some(rx) = self.fbox.as_ref().filter(|_| serial.is_of(&self.progress)) else {
             return 0;
         };
-        // SAFETY: one poller (the caller's contract); the record is valid until the
-        // closure returns, and bounce_done keeps no reference into it.
+        // SAFETY: one poller: `serial` holds this instance's progress section; the record
+        // is valid until the closure returns, and bounce_done keeps no reference into it.
         let n = unsafe {
             rx.poll(budget, |_, p, len| {
                 bounce_done(m, self, std::slice::from_raw_parts(p, len))
@@ -362,50 +370,50 @@ impl SoftMatch {
             (BOUNCE_COUNT, self.bounce_size)
         };
         for _ in 0..count {
-            let mut r = Box::new(Request::internal(Kind::Bounce, None));
-            // SAFETY: plain allocation, checked.
-            let buf = unsafe { libc::malloc(size) } as *mut u8;
-            if buf.is_null() {
-                return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-            }
-            r.buffer = buf;
-            r.length = size;
-            r.owns_buffer = true;
-            let p = Box::into_raw(r);
-            self.bounces.push(p);
-            let ret = post_bounce(m, self, p);
-            if ret < 0 {
-                log::error!(
-                    "posting a receive buffer failed: {}",
-                    crate::fabric::Error::from_ret(ret)
-                );
-                return Err(progress::fi_to_ompi(ret));
+            let r = Req::leak(send::internal(Kind::Bounce));
+            self.bounces.push(r);
+            r.alloc_buffer(size)?;
+            if let Err(e) = post_bounce(m, self, r) {
+                log::error!("posting a receive buffer failed: {e}");
+                return Err(e.to_opal());
             }
         }
         Ok(())
     }
 
-    fn reads(&self) -> std::sync::MutexGuard<'_, VecDeque<*mut Request>> {
-        self.reads_waiting.lock().unwrap_or_else(|e| e.into_inner())
+    /// The reads waiting for the provider; `None` once a panic poisoned the queue
+    /// (`state::locked`).
+    fn reads(&self) -> Option<std::sync::MutexGuard<'_, VecDeque<Req>>> {
+        locked(&self.reads_waiting).ok()
     }
 
     fn expect(&self, token: u64, kind: u32) {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(token, kind);
+        if let Ok(mut w) = locked(&self.waiting) {
+            w.insert(token, kind);
+        }
     }
 
     fn forget(&self, token: u64) {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
+        if let Ok(mut w) = locked(&self.waiting) {
+            w.remove(&token);
+        }
     }
 
-    /// Take the send waiting for a `kind` control message with `token`, if any.
+    /// The send request a FIN or ACK's `token` names, once [`SoftMatch::take_waiting`]
+    /// found it waiting.
+    fn token_request(token: u64) -> Req {
+        // SAFETY: the token is the address of our own send request, registered in
+        // `waiting` when it was sent (`expect`), alive until this, its last
+        // completion, and just taken out of `waiting` (so reached once).
+        unsafe { Req::of_token(token) }
+    }
+
+    /// Take the send waiting for a `kind` control message with `token`, if any (none
+    /// once a panic poisoned the table: the token is then never trusted).
     fn take_waiting(&self, token: u64, kind: u32) -> bool {
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(mut w) = locked(&self.waiting) else {
+            return false;
+        };
         if w.get(&token) == Some(&kind) {
             w.remove(&token);
             true
@@ -416,12 +424,11 @@ impl SoftMatch {
 
     /// Free the bounce buffers (the endpoint is closed: nothing is posted any more).
     pub fn free_bounces(&mut self) {
-        for p in self.bounces.drain(..) {
-            // SAFETY: our leaked Box, not referenced by the fabric any more.
-            unsafe {
-                libc::free((*p).buffer as *mut c_void);
-                drop(Box::from_raw(p));
-            }
+        for r in self.bounces.drain(..) {
+            r.free_buffer();
+            // SAFETY: leaked by post_bounces; the endpoint is closed, so no operation of
+            // it is in flight, and `bounces` held its only handle.
+            drop(unsafe { r.into_box() });
         }
     }
 }

@@ -6,7 +6,8 @@
 //! never touches the lists, a request or the provider.
 
 use super::wire::Hdr;
-use std::ptr;
+use crate::fabric;
+use crate::mtl::state::locked;
 use std::sync::Mutex;
 
 /// Per-peer message order, kept by the MTL where the provider may deliver a peer's
@@ -69,19 +70,30 @@ impl Order {
 
     /// Post a message that matches to `addr` with `post(seq, src)`, which writes the
     /// two into the header it posts; the number is spent only when the post succeeds.
-    pub(super) fn numbered(&self, addr: u64, post: impl FnOnce(u32, u64) -> isize) -> isize {
-        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+    pub(super) fn numbered(
+        &self,
+        addr: u64,
+        post: impl FnOnce(u32, u64) -> fabric::Result<()>,
+    ) -> fabric::Result<()> {
+        // A poisoned table may have lost a number: refuse (`state::locked`).
+        let Ok(mut tx) = locked(&self.tx) else {
+            return Err(fabric::Error(libfabric_sys::FI_EOTHER as i32));
+        };
         let next = tx.entry(addr).or_insert(1);
         let ret = post(*next, self.me);
-        if ret >= 0 {
+        if ret.is_ok() {
             *next = next_seq(*next);
         }
         ret
     }
 
     /// Message `hdr` (numbered) arrived with `payload`.
+    /// A poisoned table drops the message (`Held` for ever): the module is failed and
+    /// refuses further calls (`state::locked`).
     pub(super) fn arrive(&self, hdr: &Hdr, payload: &[u8]) -> Arrival {
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(mut rx) = locked(&self.rx) else {
+            return Arrival::Held;
+        };
         let stream = rx.entry(hdr.src).or_insert_with(|| Stream {
             next: 1,
             held: Vec::new(),
@@ -112,7 +124,7 @@ impl Order {
     /// The held messages of `src` that are now next (a message and any of its pieces),
     /// in arrival order; `None` when the next one has not arrived.
     pub(super) fn release(&self, src: u64) -> Option<Vec<(Hdr, Vec<u8>)>> {
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx = locked(&self.rx).ok()?;
         let stream = rx.get_mut(&src)?;
         let next = stream.next;
         if !stream.held.iter().any(|(h, _)| h.seq == next) {
@@ -127,20 +139,19 @@ impl Order {
     }
 }
 
-/// Write `seq` and `src` into the header at `h` (as [`Hdr::to_bytes`] lays it out);
-/// nothing for an unnumbered message (`seq` 0: the header already says so).
-///
-/// # Safety
-/// `h` must hold a header's bytes.
-pub(super) unsafe fn stamp(h: *mut u8, seq: u32, src: u64) {
+/// Write `seq` and `src` into the header at the start of `h` (as [`Hdr::to_bytes`]
+/// lays it out); nothing for an unnumbered message (`seq` 0: the header already says
+/// so).
+pub(super) fn stamp(h: &mut [u8], seq: u32, src: u64) {
     if seq == 0 {
         return;
     }
-    // SAFETY: forwarded; the offsets are those of Hdr's fields (repr(C)).
-    unsafe {
-        ptr::write_unaligned(h.add(std::mem::offset_of!(Hdr, seq)) as *mut u32, seq);
-        ptr::write_unaligned(h.add(std::mem::offset_of!(Hdr, src)) as *mut u64, src);
-    }
+    let (s, r) = (
+        std::mem::offset_of!(Hdr, seq),
+        std::mem::offset_of!(Hdr, src),
+    );
+    h[s..s + 4].copy_from_slice(&seq.to_ne_bytes());
+    h[r..r + 8].copy_from_slice(&src.to_ne_bytes());
 }
 
 /// This process's name as a number (job << 32 | vpid), or a random one before Open MPI
@@ -155,7 +166,6 @@ pub(super) fn process_id() -> u64 {
 mod tests {
     use super::super::wire::EAGER;
     use super::*;
-    use libfabric_sys as fi;
     use proptest::prelude::*;
 
     /// A numbered message from `src`, its payload its number.
@@ -232,17 +242,17 @@ mod tests {
     fn order_numbers_per_destination_and_only_what_was_posted() {
         let o = Order::new(0x55);
         let mut seen = Vec::new();
-        let mut post = |addr: u64, ret: isize| {
-            o.numbered(addr, |seq, src| {
+        let mut post = |addr: u64, ret: crate::fabric::Result<()>| {
+            let _ = o.numbered(addr, |seq, src| {
                 seen.push((addr, seq, src));
                 ret
-            })
+            });
         };
-        post(10, 0);
-        post(10, -(fi::FI_EAGAIN as isize));
-        post(10, 0);
-        post(20, 0);
-        post(10, 0);
+        post(10, Ok(()));
+        post(10, Err(crate::fabric::Error::AGAIN));
+        post(10, Ok(()));
+        post(20, Ok(()));
+        post(10, Ok(()));
         assert_eq!(
             seen,
             vec![

@@ -8,18 +8,16 @@ use super::control::control;
 use super::lists::{lock, matches, Posted, Unexpected};
 use super::wire::{Hdr, ACK, EAGER, FIN};
 use super::SoftMatch;
+use crate::fabric;
 use crate::mtl::completion;
 use crate::mtl::peer;
 use crate::mtl::peer::Peer;
-use crate::mtl::request::Kind;
-use crate::mtl::request::Request;
+use crate::mtl::request::{Kind, Req};
 use crate::mtl::state::Mtl;
 use crate::mtl::tag::{Proto, TagLayout};
 use crate::ompi::comm::Comm;
-use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 
 /// Where a matched message goes.
@@ -48,30 +46,23 @@ impl Unexpected {
 }
 
 /// Hand a matched message to receive `r` (lock not held).
-pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payload: Option<&[u8]>) {
+pub(super) fn deliver(m: &Mtl, r: Req, hdr: Hdr, what: Delivery, payload: Option<&[u8]>) {
     let l = &m.layout;
-    // SAFETY: r is a live receive we matched.
-    let req = unsafe { &mut *r };
     // Decoded once: the sender's address and the receive's status both come from it.
-    let env = req
-        .comm()
-        .and_then(|comm| peer::envelope(m, comm, hdr.bits, hdr.data));
+    let comm = r.comm().ok_or(sys::OMPI_ERR_BAD_PARAM);
+    let env = comm.and_then(|comm| peer::envelope(m, comm, hdr.bits, hdr.data));
     let source = match env {
         Ok(ref e) => e.source,
         Err(_) => {
             // Logged (by envelope); the receive fails. An RTS sender is not told (it
             // is not a peer we can name).
-            // SAFETY: r is live.
-            unsafe {
-                completion::recv_done_with(m, r, env, 0, false, sys::MPI_ERR_INTERN as c_int)
-            };
+            completion::recv_done_with(m, r, env, 0, false, sys::MPI_ERR_INTERN as c_int);
             return;
         }
     };
     // Only acknowledgements and reads need the sender's address.
     let peer = || {
-        req.comm()
-            .and_then(|comm| peer::peer(comm, source))
+        comm.and_then(|comm| peer::peer(comm, source))
             .unwrap_or(Peer::UNKNOWN)
     };
     match what {
@@ -85,11 +76,7 @@ pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payloa
                 }
                 Delivery::Eager(ref owned) => {
                     let bytes = payload.unwrap_or(owned);
-                    let n = bytes.len().min(req.length);
-                    if n > 0 {
-                        // SAFETY: req.buffer holds req.length bytes.
-                        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), req.buffer, n) };
-                    }
+                    r.write_at(0, bytes);
                     bytes.len()
                 }
                 Delivery::Rts => unreachable!(),
@@ -98,181 +85,144 @@ pub(super) fn deliver(m: &Mtl, r: *mut Request, hdr: Hdr, what: Delivery, payloa
                 let p = peer();
                 control(m, p.addr, p.fbox(), ACK, hdr.token);
             }
-            // SAFETY: r is live.
-            unsafe { completion::recv_done_with(m, r, env, len, false, status) };
+            completion::recv_done_with(m, r, env, len, false, status);
         }
         Delivery::Rts => {
             let p = peer();
             let addr = p.addr;
-            let n = (hdr.len as usize).min(req.length);
-            req.sm_hdr = hdr;
-            req.sm_addr = addr;
+            let n = (hdr.len as usize).min(r.length());
+            r.set_sm_hdr(hdr);
+            r.set_sm_addr(addr);
             if n == 0 {
                 control(m, addr, p.fbox(), FIN, hdr.token);
-                // SAFETY: r is live.
-                unsafe {
-                    completion::recv_done_with(
-                        m,
-                        r,
-                        env,
-                        hdr.len as usize,
-                        false,
-                        sys::MPI_SUCCESS as c_int,
-                    )
-                };
+                completion::recv_done_with(
+                    m,
+                    r,
+                    env,
+                    hdr.len as usize,
+                    false,
+                    sys::MPI_SUCCESS as c_int,
+                );
                 return;
             }
-            req.kind = Kind::SmRead;
+            r.set_kind(Kind::SmRead);
             // Not retried here: this may run inside progress, which then cannot read
             // the completions that make room, and shm refuses a peer's first operation
             // until that peer's progress has seen it (a peer reached only through fast
             // boxes until now). A refused read waits in `reads_waiting`.
-            // SAFETY: r is a live receive in SmRead state.
-            let ret = unsafe { post_read(m, r) };
-            if ret == -(fi::FI_EAGAIN as isize) {
-                if let Some(sm) = m.soft.as_deref() {
-                    sm.reads().push_back(r);
-                    sm.has_reads_waiting.store(true, Ordering::Release);
-                    return;
+            match post_read(m, r) {
+                Err(e) if e.is_again() => {
+                    if let Some(sm) = m.soft.as_deref() {
+                        if let Some(mut q) = sm.reads() {
+                            q.push_back(r);
+                            sm.has_reads_waiting.store(true, Ordering::Release);
+                            return;
+                        }
+                    }
+                    read_failed(m, r, e);
                 }
-            }
-            if ret < 0 {
-                // SAFETY: r is live.
-                unsafe { read_failed(m, r, ret) };
+                Err(e) => read_failed(m, r, e),
+                Ok(()) => {}
             }
         }
     }
 }
 
-/// Post the read of receive `r` (in SmRead state, its RTS in `sm_hdr`): the
-/// provider's code.
-///
-/// # Safety
-/// `r` is a live receive whose buffer holds its length until the read completes.
-unsafe fn post_read(m: &Mtl, r: *mut Request) -> isize {
-    // SAFETY: forwarded.
-    let req = unsafe { &mut *r };
-    let hdr = req.sm_hdr;
-    let n = (hdr.len as usize).min(req.length);
-    let _g = m.lock.lock();
-    // SAFETY: the buffer holds n bytes until the read completes.
-    unsafe {
-        fi::fi_read(
-            m.ep(),
-            req.buffer as *mut c_void,
-            n,
-            ptr::null_mut(),
-            req.sm_addr,
-            hdr.addr,
-            hdr.key,
-            req.ctx_ptr(),
-        )
-    }
+/// Post the read of receive `r` (in SmRead state, its RTS in `sm_hdr`, its buffer
+/// valid until the read completes).
+fn post_read(m: &Mtl, r: Req) -> fabric::Result<()> {
+    let hdr = r.sm_hdr();
+    let buf = r.recv_buf().prefix(hdr.len as usize);
+    let g = m.lock.lock();
+    m.ep().read(
+        &g.serialized(),
+        buf,
+        r.sm_addr(),
+        hdr.addr,
+        hdr.key,
+        r.op_context(),
+    )
 }
 
-/// The read of receive `r` could not be posted (`ret`): tell the sender, fail the
-/// receive.
-///
-/// # Safety
-/// `r` is a live receive in SmRead state.
-unsafe fn read_failed(m: &Mtl, r: *mut Request, ret: isize) {
-    // SAFETY: forwarded.
-    let req = unsafe { &mut *r };
-    let hdr = req.sm_hdr;
-    log::error!(
-        "reading a {}-byte message failed: {}",
-        hdr.len,
-        crate::fabric::Error::from_ret(ret)
-    );
-    req.kind = Kind::Recv;
-    send_fin(m, req);
-    // SAFETY: r is live.
-    unsafe { fail_recv(m, r, &hdr) };
+/// The read of receive `r` (in SmRead state) could not be posted (`e`): tell the
+/// sender, fail the receive.
+fn read_failed(m: &Mtl, r: Req, e: fabric::Error) {
+    let hdr = r.sm_hdr();
+    log::error!("reading a {}-byte message failed: {e}", hdr.len);
+    r.set_kind(Kind::Recv);
+    send_fin(m, r);
+    fail_recv(m, r, &hdr);
 }
 
-/// The sender of the message receive `req` holds (`sm_hdr`), if it can be named.
-fn sender(m: &Mtl, req: &Request) -> Option<peer::Peer> {
-    let comm = req.comm().ok()?;
-    let env = peer::envelope(m, comm, req.sm_hdr.bits, req.sm_hdr.data).ok()?;
+/// The sender of the message receive `r` holds (`sm_hdr`), if it can be named.
+fn sender(m: &Mtl, r: Req) -> Option<peer::Peer> {
+    let comm = r.comm()?;
+    let hdr = r.sm_hdr();
+    let env = peer::envelope(m, comm, hdr.bits, hdr.data).ok()?;
     peer::peer(comm, env.source).ok()
 }
 
-/// Tell the sender of the message receive `req` holds that its data was read (or the
+/// Tell the sender of the message receive `r` holds that its data was read (or the
 /// read failed): a FIN, through the sender's fast box when there is one.
-fn send_fin(m: &Mtl, req: &Request) {
-    let from = sender(m, req);
+fn send_fin(m: &Mtl, r: Req) {
+    let from = sender(m, r);
     let fbox = from.as_ref().and_then(|p| p.fbox());
-    control(m, req.sm_addr, fbox, FIN, req.sm_hdr.token);
+    control(m, r.sm_addr(), fbox, FIN, r.sm_hdr().token);
 }
 
 /// Post the reads the provider refused (see [`deliver`]), in order, until it refuses
 /// one again. Called by progress outside its serial section.
 pub fn post_waiting_reads(m: &Mtl, sm: &SoftMatch) {
-    loop {
-        let Some(r) = sm.reads().pop_front() else {
-            break;
-        };
-        // SAFETY: a live receive in SmRead state, queued by deliver.
-        let ret = unsafe { post_read(m, r) };
-        if ret == -(fi::FI_EAGAIN as isize) {
-            sm.reads().push_front(r);
-            return;
-        }
-        if ret < 0 {
-            // SAFETY: as above.
-            unsafe { read_failed(m, r, ret) };
+    // Live receives in SmRead state, queued by deliver.
+    while let Some(r) = sm.reads().and_then(|mut q| q.pop_front()) {
+        match post_read(m, r) {
+            Err(e) if e.is_again() => {
+                if let Some(mut q) = sm.reads() {
+                    q.push_front(r);
+                }
+                return;
+            }
+            Err(e) => read_failed(m, r, e),
+            Ok(()) => {}
         }
     }
-    let q = sm.reads();
-    sm.has_reads_waiting.store(!q.is_empty(), Ordering::Release);
+    let waiting = sm.reads().is_some_and(|q| !q.is_empty());
+    sm.has_reads_waiting.store(waiting, Ordering::Release);
 }
 
 /// Complete receive `r`, matched with the message of `hdr`, with an internal error
 /// (already logged) and nothing received.
-///
-/// # Safety
-/// `r` must be a live receive of ours to complete.
-pub(super) unsafe fn fail_recv(m: &Mtl, r: *mut Request, hdr: &Hdr) {
-    // SAFETY: forwarded.
-    unsafe {
-        completion::recv_done(
-            m,
-            r,
-            hdr.bits,
-            hdr.data,
-            0,
-            false,
-            sys::MPI_ERR_INTERN as c_int,
-        )
-    };
+pub(super) fn fail_recv(m: &Mtl, r: Req, hdr: &Hdr) {
+    completion::recv_done(
+        m,
+        r,
+        hdr.bits,
+        hdr.data,
+        0,
+        false,
+        sys::MPI_ERR_INTERN as c_int,
+    );
 }
 
-/// A read into receive `r` finished: tell the sender, complete the receive.
-///
-/// # Safety
-/// `r` must be a live receive in `SmRead` state.
-pub unsafe fn read_done(m: &Mtl, r: *mut Request) {
-    // SAFETY: forwarded.
-    let req = unsafe { &mut *r };
-    req.kind = Kind::Recv;
-    let hdr = req.sm_hdr;
-    send_fin(m, req);
-    // SAFETY: r is live.
-    unsafe {
-        completion::recv_done(
-            m,
-            r,
-            hdr.bits,
-            hdr.data,
-            hdr.len as usize,
-            false,
-            sys::MPI_SUCCESS as c_int,
-        )
-    };
+/// A read into receive `r` (in `SmRead` state) finished: tell the sender, complete
+/// the receive.
+pub fn read_done(m: &Mtl, r: Req) {
+    r.set_kind(Kind::Recv);
+    let hdr = r.sm_hdr();
+    send_fin(m, r);
+    completion::recv_done(
+        m,
+        r,
+        hdr.bits,
+        hdr.data,
+        hdr.len as usize,
+        false,
+        sys::MPI_SUCCESS as c_int,
+    );
 }
 
 /// Post receive `r` (buffer, length and convertor already set).
-pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -> c_int {
+pub fn irecv(m: &Mtl, sm: &SoftMatch, r: Req, bits: u64, ignore: u64) -> c_int {
     let found = {
         let mut lists = lock(&sm.lists);
         match lists
@@ -298,11 +248,10 @@ pub fn irecv(m: &Mtl, sm: &SoftMatch, r: *mut Request, bits: u64, ignore: u64) -
 }
 
 /// Deliver an unexpected message to `r`.
-pub fn take(m: &Mtl, r: *mut Request, u: Unexpected) {
+pub fn take(m: &Mtl, r: Req, u: Unexpected) {
     let hdr = u.hdr;
     deliver(m, r, hdr, u.delivery(), None);
 }
-
 /// The first unexpected message matching (`bits`, `ignore`): its envelope and length.
 pub fn probe(sm: &SoftMatch, bits: u64, ignore: u64) -> Option<(u64, u64, usize)> {
     let lists = lock(&sm.lists);
@@ -343,7 +292,7 @@ fn sync_bit(l: &TagLayout) -> u64 {
 }
 
 /// Cancel receive `r` if it is still waiting for a message.
-pub fn cancel(sm: &SoftMatch, r: *mut Request) -> bool {
+pub fn cancel(sm: &SoftMatch, r: Req) -> bool {
     let mut lists = lock(&sm.lists);
     match lists.posted.iter().position(|p| p.req == r) {
         Some(i) => {
