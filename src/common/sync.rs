@@ -11,9 +11,15 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Take `m`, also when a panic poisoned it. Every extern "C" entry runs under
-/// `ffi_guard`, so a panic ends the call it happened in and the lists behind these
-/// mutexes stay as that call left them; the one lock helper of the crate.
+/// Take `m`, also when a panic poisoned it; the one lock helper of the crate for the
+/// paths that may take a poisoned value. Every extern "C" entry runs under `ffi_guard`,
+/// so a panic ends the call it happened in, and the data behind the mutex stays as that
+/// call left it: each std collection keeps its own invariants through a panic, only
+/// the relations between them may be half-updated. So this is for what does not rely
+/// on those relations: component registration, teardown (which only drains and frees
+/// what the collections hold), and collections that no code panics inside (pushes and
+/// takes). A data path whose module marks itself failed after a panic refuses
+/// instead (`mtl::state::locked`).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -83,9 +89,7 @@ impl MaybeLock {
     #[inline]
     pub fn lock(&self) -> MaybeLockGuard<'_> {
         MaybeLockGuard {
-            _g: self
-                .enabled
-                .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner())),
+            _g: self.enabled.then(|| lock(&self.m)),
         }
     }
 }
@@ -133,13 +137,14 @@ impl<T> MaybeMutex<T> {
         }
     }
 
-    /// A panic while a guard was held may have left the data half-updated; the mutex
-    /// is then taken anyway, for the reason [`lock`] gives.
+    /// A panic while a guard was held may have left the data half-updated. The mutex is
+    /// then taken anyway: without threads there is no mutex to be poisoned, so this
+    /// only arises with several threads, after the panicking entry's module was marked
+    /// failed (the MTL's `ffi_guard_module`), where a call already inside finishes on
+    /// the lists as the panic left them (each std collection whole, see [`lock`]).
     #[inline]
     pub fn lock(&self) -> MaybeMutexGuard<'_, T> {
-        let g = self
-            .enabled
-            .then(|| self.m.lock().unwrap_or_else(|e| e.into_inner()));
+        let g = self.enabled.then(|| lock(&self.m));
         debug_assert!(
             !self.held.load(Ordering::Relaxed),
             "MaybeMutex locked twice at once"
@@ -267,7 +272,8 @@ impl<T> Unposted<T> {
     /// that is worth a log line (the 1st, 2nd, 4th, 8th...), so that a provider that
     /// keeps refusing does not flood the log.
     pub fn push(&self, buf: T) -> Option<u64> {
-        let mut b = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        // Only pushes and takes happen under `bufs`: a poisoned Vec is whole (`lock`).
+        let mut b = lock(&self.bufs);
         b.push(buf);
         self.waiting.store(true, Ordering::Release);
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
@@ -295,11 +301,11 @@ impl<T> Unposted<T> {
             }
             *next = Some(now + Self::INTERVAL);
         }
-        let mut taken = std::mem::take(&mut *self.bufs.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut taken = std::mem::take(&mut *lock(&self.bufs));
         let before = taken.len();
         taken.retain(|b| !post(b));
         let posted = before - taken.len();
-        let mut b = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = lock(&self.bufs);
         b.append(&mut taken);
         self.waiting.store(!b.is_empty(), Ordering::Release);
         (posted, b.is_empty())

@@ -274,7 +274,8 @@ impl<'a> EpRef<'a> {
             });
         }
         let iov = [buf.iov(), overflow.iov()];
-        // SAFETY: as for fi_trecv, for both buffers; the provider copies the iovec array
+        // SAFETY: the endpoint is open for 'a; both buffers and the context stay valid until
+        // the completion (their constructors' promises); the provider copies the iovec array
         // before returning.
         posted(unsafe {
             fi::fi_trecvv(
@@ -337,7 +338,8 @@ impl<'a> EpRef<'a> {
             });
         }
         let iov = [buf.iov(), more.iov()];
-        // SAFETY: as for fi_send, for both buffers; the provider copies the iovec array
+        // SAFETY: the endpoint is open for 'a; both buffers and the context stay valid until
+        // the completion (their constructors' promises); the provider copies the iovec array
         // before returning.
         posted(unsafe { fi::fi_sendv(self.ep(), iov.as_ptr(), ptr::null_mut(), 2, dest, c) })
     }
@@ -386,7 +388,8 @@ impl<'a> EpRef<'a> {
             context: c,
             data: 0,
         };
-        // SAFETY: as for fi_recv; msg and what it points to live for the call (the
+        // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid until the
+        // completion (their constructors' promises); msg and what it points to live for the call (the
         // provider copies them).
         posted(unsafe { fi::fi_recvmsg(self.ep(), &msg, fi::FI_MULTI_RECV as u64) })
     }

@@ -43,7 +43,7 @@ pub fn component_ptr() -> *const sys::mca_base_component_t {
 extern "C" fn register() -> i32 {
     ffi_guard("mtl register", sys::OPAL_ERROR, || {
         let reg = Registered::register(MTL, Owner::Component(component_ptr()));
-        *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        *crate::common::sync::lock(&PARAMS) = Some(reg);
         common::register_params(component_ptr());
         super::stats::register();
         sys::OPAL_SUCCESS
@@ -53,9 +53,7 @@ extern "C" fn register() -> i32 {
 /// mca_base_select asks for a priority and a module; pml cm then calls `mtl_init`.
 extern "C" fn query(module: *mut *mut sys::mca_base_module_t, priority: *mut i32) -> i32 {
     ffi_guard("mtl query", sys::OPAL_ERROR, || {
-        let prio = PARAMS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let prio = crate::common::sync::lock(&PARAMS)
             .as_ref()
             .map(|p| p.int(crate::ompi::params::mtl::PRIORITY))
             .unwrap_or(25);

@@ -234,7 +234,7 @@ impl Req {
     #[inline]
     pub unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
         let r = req as *mut Request;
-        // SAFETY: forwarded: room for a Request, whose head the PML filled in; the PML's
+        // SAFETY: the caller's promise: room for a Request, whose head the PML filled in; the PML's
         // request is never null.
         unsafe {
             Request::init(r, kind, Some(comm));
@@ -259,7 +259,8 @@ impl Req {
     #[inline]
     pub unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
         let ctx = NonNull::new(ctx)?;
-        // SAFETY: forwarded: ctx lies offset_of!(Request, ctx) bytes into a live Request.
+        // SAFETY: the caller's promise: ctx is the ctx field of a live Request, so it lies
+        // offset_of!(Request, ctx) bytes into it.
         let r = unsafe { ctx.cast::<u8>().sub(offset_of!(Request, ctx)) };
         Some(Req(r.cast()))
     }
@@ -271,7 +272,7 @@ impl Req {
     /// completion the token stands for.
     #[inline]
     pub unsafe fn of_token(token: u64) -> Req {
-        // SAFETY: forwarded: a live request's address, so not null.
+        // SAFETY: the caller's promise: a live request's address, which is not null.
         Req(unsafe { NonNull::new_unchecked(token as *mut Request) })
     }
 
@@ -622,7 +623,8 @@ impl Req {
     /// to it is used afterwards.
     #[inline]
     pub unsafe fn into_box(self) -> Box<Request> {
-        // SAFETY: forwarded: the Box leaked by `leak`.
+        // SAFETY: the caller's promise: the Box `leak` leaked, with nothing in flight and no
+        // handle used afterwards.
         unsafe { Box::from_raw(self.0.as_ptr()) }
     }
 }

@@ -331,7 +331,8 @@ pub struct Counters {
 // whenever several threads may call in (setup builds the lock from Open MPI's thread
 // level); the overflow area is shared scratch that only the provider touches.
 unsafe impl Send for Mtl {}
-// SAFETY: as for Send: every libfabric call takes the `lock`'s proof.
+// SAFETY: shared access is to atomics, mutexes and read-only fields; every libfabric
+// call on the raw fids takes the `lock`'s proof (`Serialized`).
 unsafe impl Sync for Mtl {}
 
 /// The running MTL of this process (null before init and after finalize).

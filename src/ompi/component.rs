@@ -82,12 +82,7 @@ pub fn ffi_guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(e) => {
-            let msg = e
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| e.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            log::error!("internal error in {what}: {msg}");
+            log::error!("internal error in {what}: {}", panic_message(&*e));
             on_panic
         }
     }
@@ -111,13 +106,19 @@ pub fn ffi_guard_module<R>(
         Ok(r) => r,
         Err(e) => {
             failed.store(true, Ordering::Relaxed);
-            let msg = e
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| e.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            log::error!("internal error in {what}: {msg}; the module refuses further calls");
+            log::error!(
+                "internal error in {what}: {}; the module refuses further calls",
+                panic_message(&*e)
+            );
             refused
         }
     }
+}
+
+/// What a caught panic said.
+fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| e.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }

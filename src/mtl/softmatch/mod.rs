@@ -152,7 +152,8 @@ pub struct SoftMatch {
 // completion; `fbox` is a shared-memory ring used by one poller (`poll_fbox`).
 unsafe impl Send for SoftMatch {}
 
-// SAFETY: as for Send: every shared field is a lock, an atomic or read-only after setup.
+// SAFETY: every field shared between threads is a lock, an atomic or read-only after
+// setup, and the fast-box ring is polled by one thread (`poll_fbox`).
 unsafe impl Sync for SoftMatch {}
 
 impl SoftMatch {
