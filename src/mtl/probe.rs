@@ -6,7 +6,7 @@
 //! What it must not touch: the receive queue, except through `stall.rs`'s stash.
 
 use super::peer::{envelope, peer_addr};
-use super::progress::{idle, progress_cq, progress_mtl, retry, wait_until};
+use super::progress::{idle, progress_cq, progress_mtl, retry, with_request};
 use super::request::{Kind, Req, Request};
 use super::state::{locked, mtl, Entry, Mtl};
 use super::tag::Envelope;
@@ -64,18 +64,16 @@ pub(super) fn peek_wait(
         // that the peek does not report a message an older receive is about to take.
         progress_cq(m);
     }
-    // SAFETY: `req` is borrowed for this whole function, which uses it only through
-    // the handle and returns only when no operation of it is pending (a failed post
-    // leaves none; after a post it waits for the answer).
-    let r = unsafe { Req::of(req) };
-    r.pending().store(1, Ordering::Release);
-    let ctx = r.op_context();
-    if let Err(e) = retry(m, |s| rx.tpeek(s, addr, bits, ignore, ctx)) {
-        r.pending().store(0, Ordering::Release);
-        return Err(e.to_opal());
-    }
-    wait_until(m, || r.pending().load(Ordering::Acquire) <= 0);
-    match r.status().error {
+    // The answer is waited for before `with_request` returns.
+    with_request(m, req, |r| {
+        r.pending().store(1, Ordering::Release);
+        let ctx = r.op_context();
+        retry(m, |s| rx.tpeek(s, addr, bits, ignore, ctx)).map_err(|e| {
+            r.pending().store(0, Ordering::Release);
+            e.to_opal()
+        })
+    })?;
+    match req.status.error {
         0 => Ok(()),
         e => Err(e),
     }
@@ -96,10 +94,11 @@ pub(super) fn recv_exact(
     bits: u64,
     len: usize,
 ) -> Result<bool, c_int> {
-    // SAFETY: `req` is borrowed for this whole function, which uses it only through
-    // the handle and returns only when no operation of it is pending (a failed post
-    // leaves none; after a post it waits for the completion).
-    let r = unsafe { Req::of(req) };
+    with_request(m, req, |r| exact(m, r, rx, addr, bits, len))
+}
+
+/// [`recv_exact`] with the handle of its request.
+fn exact(m: &Mtl, r: Req, rx: EpRef<'_>, addr: u64, bits: u64, len: usize) -> Result<bool, c_int> {
     r.alloc_buffer(len)?;
     r.pending().store(1, Ordering::Release);
     let (buf, ctx) = (r.recv_buf(), r.op_context());

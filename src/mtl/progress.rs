@@ -8,6 +8,7 @@
 
 use super::completion::{on_completion, on_error};
 use super::recv::post_deferred;
+use super::request::{Req, Request};
 use super::send::post_deferred_sends;
 use super::state::{mtl, Entry, Mtl, FAILED};
 use crate::fabric::{self, CqRef, Error, Serialized};
@@ -135,6 +136,19 @@ pub(super) fn wait_until(m: &Mtl, done: impl Fn() -> bool) {
             idle();
         }
     }
+}
+
+/// Run `f` with a handle to `req`, an internal request of the caller's (on its stack or
+/// in a Box it keeps), then wait until no completion of it is pending, so that no
+/// handle `f` used outlives `req`. `f` leaves `pending` at 0 when it posted nothing.
+#[inline]
+pub(super) fn with_request<R>(m: &Mtl, req: &mut Request, f: impl FnOnce(Req) -> R) -> R {
+    // SAFETY: `req` is borrowed for this whole call, reached only through the handle
+    // meanwhile, and the call returns only once no completion of it is pending.
+    let r = unsafe { Req::of(req) };
+    let out = f(r);
+    wait_until(m, || r.pending().load(Ordering::Acquire) <= 0);
+    out
 }
 
 /// Nothing progressed: give the core away when Open MPI says to

@@ -176,7 +176,9 @@ fn copied_layout(total: usize) -> Option<std::alloc::Layout> {
 /// so that a completion that writes the request re-entrantly, from a progress call
 /// made in the middle of an operation on it, never aliases a live `&mut Request`.
 /// Threads hand a request over through its `pending` counter (release/acquire) or a
-/// lock, as the C MTL does.
+/// lock, as the C MTL does. A handle is `Copy`: the MTL copies it only into what drops
+/// it before the request completes (the waiting queues, the lists of software
+/// matching, the table of synchronous sends), which is why its methods are crate-private.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Req(NonNull<Request>);
 
@@ -184,19 +186,21 @@ pub struct Req(NonNull<Request>);
 // (release/acquire) or under a lock (the queues that hold handles), see the invariant.
 unsafe impl Send for Req {}
 
+/// A getter and a setter per `Copy` field (not every field needs both).
 macro_rules! fields {
     ($($name:ident / $set:ident : $t:ty),* $(,)?) => {
+        #[allow(dead_code)]
         impl Req {
             $(
                 #[inline(always)]
-                pub fn $name(self) -> $t {
+                pub(crate) fn $name(self) -> $t {
                     // SAFETY: the handle's invariant: a live, initialised Request; the
                     // field is read by value, without a reference to the request.
                     unsafe { ptr::addr_of!((*self.0.as_ptr()).$name).read() }
                 }
 
                 #[inline(always)]
-                pub fn $set(self, v: $t) {
+                pub(crate) fn $set(self, v: $t) {
                     // SAFETY: the handle's invariant: a live, initialised Request; the
                     // field holds a Copy value, overwritten without a reference to the
                     // request.
@@ -232,7 +236,7 @@ impl Req {
     /// `req` is the PML's request of the current operation, with `mtl_request_size`
     /// bytes of ours behind its head, alive until we complete it.
     #[inline]
-    pub unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
+    pub(crate) unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
         let r = req as *mut Request;
         // SAFETY: the caller's promise: room for a Request, whose head the PML filled in; the PML's
         // request is never null.
@@ -247,7 +251,7 @@ impl Req {
     /// # Safety
     /// `req` heads a request of ours the PML has not seen complete.
     #[inline]
-    pub unsafe fn of_pml(req: NonNull<sys::mca_mtl_request_t>) -> Req {
+    pub(crate) unsafe fn of_pml(req: NonNull<sys::mca_mtl_request_t>) -> Req {
         Req(req.cast())
     }
 
@@ -257,7 +261,7 @@ impl Req {
     /// `ctx` is null or what [`Req::op_context`] returned for an operation whose
     /// completion is being reaped now.
     #[inline]
-    pub unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
+    pub(crate) unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
         let ctx = NonNull::new(ctx)?;
         // SAFETY: the caller's promise: ctx is the ctx field of a live Request, so it lies
         // offset_of!(Request, ctx) bytes into it.
@@ -271,7 +275,7 @@ impl Req {
     /// `token` is the address of a live request of ours that still expects the
     /// completion the token stands for.
     #[inline]
-    pub unsafe fn of_token(token: u64) -> Req {
+    pub(crate) unsafe fn of_token(token: u64) -> Req {
         // SAFETY: the caller's promise: a live request's address, which is not null.
         Req(unsafe { NonNull::new_unchecked(token as *mut Request) })
     }
@@ -281,7 +285,7 @@ impl Req {
     /// address, only compared); `None` when `buf` lies outside the buffer. The bytes
     /// stay valid until the buffer is posted again.
     #[inline]
-    pub fn received_at<'a>(self, multi: bool, buf: usize, len: usize) -> Option<&'a [u8]> {
+    pub(crate) fn received_at<'a>(self, multi: bool, buf: usize, len: usize) -> Option<&'a [u8]> {
         // SAFETY: the handle's invariant; the buffer holds `length` bytes (see
         // `recv_buf`) and its receive completed, so nothing writes it until it is
         // posted again, which the caller does only after it is done with the bytes.
@@ -298,25 +302,25 @@ impl Req {
     /// completion is reaped (the caller waits for it, or keeps it alive until the MTL is
     /// torn down).
     #[inline(always)]
-    pub unsafe fn of(r: &mut Request) -> Req {
+    pub(crate) unsafe fn of(r: &mut Request) -> Req {
         Req(NonNull::from(r))
     }
 
     /// The address, as software matching's tokens carry it.
     #[inline(always)]
-    pub fn addr(self) -> u64 {
+    pub(crate) fn addr(self) -> u64 {
         self.0.as_ptr() as u64
     }
 
     /// The address a handle to `r` would have (to find a request by its handle).
     #[inline(always)]
-    pub fn addr_of(r: &Request) -> u64 {
+    pub(crate) fn addr_of(r: &Request) -> u64 {
         r as *const Request as u64
     }
 
     /// The completions still expected.
     #[inline(always)]
-    pub fn pending(&self) -> &AtomicI32 {
+    pub(crate) fn pending(&self) -> &AtomicI32 {
         // SAFETY: the handle's invariant: a live Request; the counter is an atomic,
         // shared with whoever completes the request, borrowed only as long as `self`.
         unsafe { &(*self.0.as_ptr()).pending }
@@ -324,7 +328,7 @@ impl Req {
 
     /// Change the status through `f` (on a copy, written back).
     #[inline(always)]
-    pub fn update_status(self, f: impl FnOnce(&mut Status)) {
+    pub(crate) fn update_status(self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status();
         f(&mut s);
         self.set_status(s);
@@ -333,16 +337,21 @@ impl Req {
     /// The context to post an operation of this request with (filled with garbage
     /// first under the test hook of `common::quirks::scribble`).
     #[inline]
-    pub fn op_context(self) -> OpContext {
-        // SAFETY: the handle's invariant: a live request; no operation of it is in
-        // flight while it is being posted, so nothing else uses its ctx now.
-        crate::common::quirks::scribble(unsafe { &mut (*self.0.as_ptr()).ctx });
-        self.posted_context()
+    pub(crate) fn op_context(self) -> OpContext {
+        // SAFETY: the handle's invariant: the request, and with it its ctx field, lives
+        // until the operation's completion is reaped; no operation of it is in flight
+        // while it is being posted, so nothing else uses ctx now, and afterwards only the
+        // provider does (the data path only takes its address).
+        unsafe {
+            let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
+            crate::common::quirks::scribble(&mut *ctx);
+            OpContext::new(NonNull::new_unchecked(ctx))
+        }
     }
 
     /// The context an operation of this request was posted with (to cancel it).
     #[inline]
-    pub fn posted_context(self) -> OpContext {
+    pub(crate) fn posted_context(self) -> OpContext {
         // SAFETY: the handle's invariant: the request, and with it its ctx field, lives
         // until the operation's completion is reaped; no one but the provider reads or
         // writes ctx (the data path only takes its address).
@@ -355,13 +364,13 @@ impl Req {
     /// Take over the memory a receive lands in (the user's, or a buffer of ours that
     /// this request now owns and frees at completion).
     #[inline]
-    pub fn set_recv_buffer(self, b: RecvBuffer) {
+    pub(crate) fn set_recv_buffer(self, b: RecvBuffer) {
         let (ptr, len, owned) = b.into_parts();
         self.set_raw_buffer(ptr, len, owned);
     }
 
     /// Give the request a fresh buffer of `len` bytes it owns (freed at completion).
-    pub fn alloc_buffer(self, len: usize) -> Result<(), c_int> {
+    pub(crate) fn alloc_buffer(self, len: usize) -> Result<(), c_int> {
         if len == 0 {
             return Ok(());
         }
@@ -387,7 +396,7 @@ impl Req {
 
     /// Where the request's receive lands, for the fabric.
     #[inline]
-    pub fn recv_buf(self) -> RecvBuf {
+    pub(crate) fn recv_buf(self) -> RecvBuf {
         // SAFETY: buffer and length are set only from a `RecvBuffer` (the user's memory,
         // valid until the PML's request completes, or ours) or by `alloc_buffer` (ours,
         // freed only by `free_buffer` after the completion), so they describe memory
@@ -406,7 +415,7 @@ impl Req {
     /// frees it at its last completion, or the caller with [`Req::free_buffer`] when
     /// the post fails); a contiguous user buffer stays the PML's.
     #[inline]
-    pub fn send_buf(self, data: SendData) -> SendBuf {
+    pub(crate) fn send_buf(self, data: SendData) -> SendBuf {
         let (ptr, len, owned) = data.into_parts();
         if owned {
             self.set_raw_buffer(ptr as *mut u8, len, true);
@@ -420,7 +429,7 @@ impl Req {
     /// Copy `bytes` into the request's buffer at `at`, as much as fits; the bytes
     /// copied.
     #[inline]
-    pub fn write_at(self, at: usize, bytes: &[u8]) -> usize {
+    pub(crate) fn write_at(self, at: usize, bytes: &[u8]) -> usize {
         let cap = self.length();
         if at >= cap {
             return 0;
@@ -439,7 +448,7 @@ impl Req {
 
     /// Free the buffer the request owns, if any.
     #[inline]
-    pub fn free_buffer(self) {
+    pub(crate) fn free_buffer(self) {
         if self.owns_buffer() {
             // SAFETY: the handle's invariant; the owned buffer came from libc::malloc
             // (`alloc_buffer`, a convertor's pack buffer) and its operation is over.
@@ -455,7 +464,7 @@ impl Req {
     /// Unpack the first `n` received bytes of the buffer the request owns into the
     /// user's datatype, then free it.
     #[inline]
-    pub fn unpack_owned(self, n: usize) {
+    pub(crate) fn unpack_owned(self, n: usize) {
         if !self.owns_buffer() {
             return;
         }
@@ -474,7 +483,7 @@ impl Req {
 
     /// Keep `mr`, the registration of a rendezvous send's buffer, until [`Req::take_mr`].
     #[inline]
-    pub fn keep_mr(self, mr: MemoryRegion) {
+    pub(crate) fn keep_mr(self, mr: MemoryRegion) {
         drop(self.take_mr());
         let p = Box::into_raw(Box::new(mr)) as *mut c_void;
         // SAFETY: the handle's invariant; a plain field write.
@@ -483,7 +492,7 @@ impl Req {
 
     /// Take back the registration [`Req::keep_mr`] kept, if any.
     #[inline]
-    pub fn take_mr(self) -> Option<Box<MemoryRegion>> {
+    pub(crate) fn take_mr(self) -> Option<Box<MemoryRegion>> {
         // SAFETY: the handle's invariant; sm_mr is null or the Box `keep_mr` leaked,
         // taken once (cleared here).
         unsafe {
@@ -498,7 +507,7 @@ impl Req {
     /// (the request lives until the send's completion, and nothing but
     /// [`Req::stamp_sm_hdr`] between attempts writes the header meanwhile).
     #[inline]
-    pub fn sm_hdr_buf(self) -> SendBuf {
+    pub(crate) fn sm_hdr_buf(self) -> SendBuf {
         // SAFETY: the handle's invariant: the request, with its header, lives until the
         // send's completion, and the header is written only before each attempt.
         unsafe {
@@ -512,7 +521,7 @@ impl Req {
     /// Number the header kept in the request (see `softmatch::order`); nothing for an
     /// unnumbered message (`seq` 0).
     #[inline]
-    pub fn stamp_sm_hdr(self, seq: u32, src: u64) {
+    pub(crate) fn stamp_sm_hdr(self, seq: u32, src: u64) {
         if seq != 0 {
             let mut h = self.sm_hdr();
             h.seq = seq;
@@ -523,29 +532,29 @@ impl Req {
 
     /// A request of kind [`Kind::Copied`] followed by a copy of `head` then `data`, in
     /// one block freed by [`Req::free_copied`]; `None` without memory.
-    pub fn alloc_copied(head: &[u8], data: &[u8]) -> Option<Req> {
+    pub(crate) fn alloc_copied(head: &[u8], data: &[u8]) -> Option<Req> {
         let total = head.len() + data.len();
         let layout = copied_layout(total)?;
-        // SAFETY: the layout has a non-zero size (it holds a Request).
-        let c = unsafe { std::alloc::alloc(layout) } as *mut Request;
-        let c = NonNull::new(c)?;
-        // SAFETY: c is a fresh block with room for a Request followed by total bytes;
-        // both sources hold what is copied.
-        unsafe {
-            let c = c.as_ptr();
-            c.write(Request::internal(Kind::Copied, None));
-            let buf = (c as *mut u8).add(std::mem::size_of::<Request>());
+        // SAFETY: the layout has a non-zero size (it holds a Request); a block that is
+        // not null has room for a Request followed by total bytes, into which the two
+        // sources, which hold what is copied, are copied.
+        let c = unsafe {
+            let c = NonNull::new(std::alloc::alloc(layout) as *mut Request)?;
+            let p = c.as_ptr();
+            p.write(Request::internal(Kind::Copied, None));
+            let buf = (p as *mut u8).add(std::mem::size_of::<Request>());
             ptr::copy_nonoverlapping(head.as_ptr(), buf, head.len());
             ptr::copy_nonoverlapping(data.as_ptr(), buf.add(head.len()), data.len());
-            (*c).buffer = buf;
-            (*c).length = total;
-        }
+            (*p).buffer = buf;
+            (*p).length = total;
+            c
+        };
         Some(Req(c))
     }
 
     /// The copy of a [`Req::alloc_copied`] request, to send.
     #[inline]
-    pub fn copied_buf(self) -> SendBuf {
+    pub(crate) fn copied_buf(self) -> SendBuf {
         // SAFETY: the handle's invariant; a Copied request's buffer is the copy in its
         // own block, which lives until `free_copied` after its completion.
         unsafe {
@@ -557,7 +566,7 @@ impl Req {
     /// Number the header at the start of a [`Req::alloc_copied`] request's copy (see
     /// `softmatch::order`).
     #[inline]
-    pub fn stamp_copied(self, seq: u32, src: u64) {
+    pub(crate) fn stamp_copied(self, seq: u32, src: u64) {
         if seq != 0 {
             use super::softmatch::Hdr;
             self.write_at(std::mem::offset_of!(Hdr, seq), &seq.to_ne_bytes());
@@ -568,7 +577,7 @@ impl Req {
     /// Free a [`Req::alloc_copied`] request whose send completed, failed or was never
     /// posted; the handle is not used afterwards. A request of any other kind is left
     /// alone.
-    pub fn free_copied(self) {
+    pub(crate) fn free_copied(self) {
         if self.kind() != Kind::Copied {
             return;
         }
@@ -586,7 +595,7 @@ impl Req {
 
     /// A PML request stands behind this one.
     #[inline(always)]
-    pub fn has_pml(self) -> bool {
+    pub(crate) fn has_pml(self) -> bool {
         // SAFETY: the handle's invariant; the head is read by value.
         ompi::request::has_pml(&unsafe { ptr::addr_of!((*self.0.as_ptr()).sup).read() })
     }
@@ -594,7 +603,7 @@ impl Req {
     /// Publish the status to the PML's request and tell the PML it is complete. The
     /// handle is not used afterwards (the PML may free the request).
     #[inline]
-    pub fn complete_to_pml(self) {
+    pub(crate) fn complete_to_pml(self) {
         // SAFETY: the handle's invariant: a live request, which the PML's
         // ompi_request_t outlives; nothing uses the handle after the callback.
         unsafe {
@@ -605,14 +614,14 @@ impl Req {
 
     /// Tell the PML a cancel did not take.
     #[inline]
-    pub fn mark_not_cancelled(self) {
+    pub(crate) fn mark_not_cancelled(self) {
         // SAFETY: the handle's invariant: a live request, headed by the PML's.
         unsafe { ompi::request::mark_not_cancelled(ptr::addr_of_mut!((*self.0.as_ptr()).sup)) }
     }
 
     /// A request on the heap that lives until [`Req::into_box`].
     #[inline]
-    pub fn leak(r: Box<Request>) -> Req {
+    pub(crate) fn leak(r: Box<Request>) -> Req {
         Req(NonNull::from(Box::leak(r)))
     }
 
@@ -622,7 +631,7 @@ impl Req {
     /// `self` came from [`Req::leak`], no operation of it is in flight, and no handle
     /// to it is used afterwards.
     #[inline]
-    pub unsafe fn into_box(self) -> Box<Request> {
+    pub(crate) unsafe fn into_box(self) -> Box<Request> {
         // SAFETY: the caller's promise: the Box `leak` leaked, with nothing in flight and no
         // handle used afterwards.
         unsafe { Box::from_raw(self.0.as_ptr()) }

@@ -7,7 +7,7 @@
 
 use super::completion::finish_part;
 use super::peer::peer;
-use super::progress::{retry, to_ompi, wait_until};
+use super::progress::{retry, to_ompi, wait_until, with_request};
 use super::request::{Kind, Req, Request};
 use super::state::{locked, mtl, Entry, Mtl};
 use super::tag::Proto;
@@ -217,41 +217,44 @@ pub(super) fn send_impl(
             }
         }
         let mut req = Request::internal(Kind::Send, Some(comm));
-        // SAFETY: `req` stays on this stack, used only through the handle, until its
-        // completions: the wait below returns only when none is pending.
-        let r = unsafe { Req::of(&mut req) };
-        let rc = super::softmatch::send(m, sm, r, to, data, bits, cqd, sync);
-        if rc == super::softmatch::SENT_INLINE {
-            return sys::OMPI_SUCCESS;
-        }
-        if rc != sys::OMPI_SUCCESS {
-            return rc;
-        }
-        wait_until(m, || r.pending().load(Ordering::Acquire) <= 0);
-        return blocking_result(r);
+        let rc = with_request(m, &mut req, |r| {
+            let rc = super::softmatch::send(m, sm, r, to, data, bits, cqd, sync);
+            if rc != sys::OMPI_SUCCESS {
+                // Sent inline, or not sent: nothing of it is in flight.
+                r.pending().store(0, Ordering::Release);
+            }
+            rc
+        });
+        return match rc {
+            super::softmatch::SENT_INLINE => sys::OMPI_SUCCESS,
+            sys::OMPI_SUCCESS => blocking_result(&req),
+            rc => rc,
+        };
     }
     if !sync && data.len() <= m.inject_size {
         return inject(m, addr, &data, comm, tag, false);
     }
     let mut req = Request::internal(Kind::Send, Some(comm));
-    // SAFETY: `req` stays on this stack, used only through the handle, until its
-    // completions: the wait below returns only when none is pending (a failed post
-    // leaves none).
-    let r = unsafe { Req::of(&mut req) };
-    let rc = post_send(m, r, addr, data, comm, tag, sync, false);
+    let rc = with_request(m, &mut req, |r| {
+        let rc = post_send(m, r, addr, data, comm, tag, sync, false);
+        if rc != sys::OMPI_SUCCESS {
+            // Not sent: nothing of it is in flight.
+            r.pending().store(0, Ordering::Release);
+        }
+        rc
+    });
     if rc != sys::OMPI_SUCCESS {
         // If the synchronous send failed after its acknowledgement receive was
         // posted, that receive can never match (no message went out); the endpoint
         // reclaims it at finalize.
         return rc;
     }
-    wait_until(m, || r.pending().load(Ordering::Acquire) <= 0);
-    blocking_result(r)
+    blocking_result(&req)
 }
 
 /// What a completed blocking send returns.
-fn blocking_result(r: Req) -> c_int {
-    match r.status().error {
+fn blocking_result(r: &Request) -> c_int {
+    match r.status.error {
         0 => sys::OMPI_SUCCESS,
         e => e,
     }
