@@ -39,9 +39,11 @@ struct Resources {
     peers: Vec<Proc>,
 }
 
-// SAFETY: the procs are only reached from MPI calls, which Open MPI serialises for
-// add/del_procs and finalize, and the fabric objects are only closed (by Drop) under
-// the RESOURCES lock.
+// SAFETY: Resources lives in the RESOURCES mutex and is used only by init, add/del_procs
+// (and the peer lookup that calls add_procs_inner) and finalize, one thread at a time:
+// the endpoints are only closed there, which the domain's FI_THREAD_DOMAIN or
+// FI_THREAD_SAFE level allows from any thread, and the procs live until after
+// del_procs.
 unsafe impl Send for Resources {}
 
 static RESOURCES: Mutex<Option<Resources>> = Mutex::new(None);
@@ -330,7 +332,8 @@ pub fn finalize() {
         None
     } else {
         crate::ompi::progress::unregister(progress::progress_cb);
-        // SAFETY: p came from Box::into_raw in init_module and the PML no longer calls us.
+        // SAFETY: p came from Box::into_raw in open.rs (start), and the PML no longer
+        // calls us.
         Some(unsafe { Box::from_raw(p) })
     };
     // Small sends of software matching completed when posted, from copies, and
