@@ -59,9 +59,11 @@ pub fn init_module(
     let mut cfg = read_config(mpi_threads)?;
     let chosen = provider::choose_provider(&cfg)?;
     let tags = provider::choose_tag_layout(&cfg, &chosen)?;
-    let mut objects = objects::open_objects(&mut cfg, &chosen)?;
-    let state = settings::build_state(&cfg, &chosen, &tags, &mut objects)?;
-    start(&cfg, chosen, &tags, objects, state)
+    // The name of the domain the MTL uses, in the messages of the phases below.
+    let provider = chosen.domain.info().provider_name().to_string();
+    let mut objects = objects::open_objects(&mut cfg, &chosen, &provider)?;
+    let state = settings::build_state(&cfg, &chosen, &tags, &mut objects, &provider)?;
+    start(&cfg, chosen, &tags, objects, state, &provider)
 }
 
 /// What the parameters and the job's shape decide before a provider is chosen.
@@ -153,6 +155,7 @@ fn start(
     tags: &Tags,
     objects: Objects,
     state: Box<Mtl>,
+    provider: &str,
 ) -> Result<*mut sys::mca_mtl_base_module_t, String> {
     let fbox_record = state
         .soft
@@ -164,7 +167,7 @@ fn start(
         &setup::modex_blob(&objects.name, fbox_record.as_deref()),
     )
     .map_err(|rc| format!("publishing the endpoint name through the modex failed ({rc})"))?;
-    let summary = Summary::of(cfg, &chosen, &objects, &state);
+    let summary = Summary::of(cfg, &chosen, &objects, &state, provider);
     let Objects { eps, cqs, av, .. } = objects;
     setup::keep_resources(eps, cqs, av, chosen.domain);
     state::MTL.store(Box::into_raw(state), Ordering::Release);
@@ -175,8 +178,8 @@ fn start(
 }
 
 /// What the last lines of the log say about the opened MTL.
-struct Summary {
-    provider: String,
+struct Summary<'a> {
+    provider: &'a str,
     inject_size: usize,
     soft: bool,
     soft_pieces: bool,
@@ -193,11 +196,17 @@ struct Summary {
     used: usize,
 }
 
-impl Summary {
-    fn of(cfg: &Config, chosen: &Chosen, objects: &Objects, state: &Mtl) -> Summary {
+impl<'a> Summary<'a> {
+    fn of(
+        cfg: &Config,
+        chosen: &Chosen,
+        objects: &Objects,
+        state: &Mtl,
+        provider: &'a str,
+    ) -> Summary<'a> {
         let info = chosen.domain.info();
         Summary {
-            provider: info.provider_name().to_string(),
+            provider,
             inject_size: state.inject_size,
             soft: chosen.soft,
             soft_pieces: state.soft.as_ref().is_some_and(|s| s.eager_in_pieces()),

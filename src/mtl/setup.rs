@@ -23,7 +23,7 @@ use crate::ompi::proc::{self, Proc, Slot};
 use ompi_sys as sys;
 use std::os::raw::c_int;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The libfabric objects of the MTL, dropped (closed) at finalize: endpoint first,
@@ -48,6 +48,8 @@ unsafe impl Send for Resources {}
 
 static RESOURCES: Mutex<Option<Resources>> = Mutex::new(None);
 static CID_WARNED: AtomicBool = AtomicBool::new(false);
+/// The module's `mtl_max_contextid`, as add_comm compares ids with it.
+static MAX_CID: AtomicU32 = AtomicU32::new(0);
 
 static MODULE: Exported<sys::mca_mtl_base_module_t> = Exported::new(sys::mca_mtl_base_module_t {
     mtl_max_contextid: 0,
@@ -92,12 +94,14 @@ pub(super) fn keep_resources(
 /// Fill the module's limits for `layout` and return the module for pml cm.
 pub(super) fn publish_module(layout: &TagLayout) -> *mut sys::mca_mtl_base_module_t {
     CID_WARNED.store(false, Ordering::Relaxed);
+    // Open MPI hands out ids below mtl_max_contextid: every id the layout carries.
+    let max_cid = (layout.max_cid() as u64 + 1).min(i32::MAX as u64) as i32;
+    MAX_CID.store(max_cid as u32, Ordering::Relaxed);
     let m = MODULE.get();
     // SAFETY: the module is ours, and pml cm reads these fields only after init
     // returns it.
     unsafe {
-        // Open MPI hands out ids below mtl_max_contextid: every id the layout carries.
-        (*m).mtl_max_contextid = (layout.max_cid() as u64 + 1).min(i32::MAX as u64) as i32;
+        (*m).mtl_max_contextid = max_cid;
         (*m).mtl_max_tag = layout.max_tag();
         (*m).mtl_request_size = REQUEST_EXTRA;
     }
@@ -284,8 +288,7 @@ extern "C" fn mtl_add_comm(
     comm: *mut sys::ompi_communicator_t,
 ) -> c_int {
     ffi_guard("mtl add_comm", sys::OMPI_ERROR, || {
-        // SAFETY: MODULE is initialised before the PML adds communicators.
-        let max = unsafe { (*MODULE.get()).mtl_max_contextid } as u32;
+        let max = MAX_CID.load(Ordering::Relaxed);
         // SAFETY: the PML passes a live communicator, for the duration of the call.
         let cid = unsafe { Comm::from_raw(comm) }.cid();
         // Open MPI hands out ids below mtl_max_contextid and fails the next

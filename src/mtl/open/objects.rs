@@ -34,12 +34,15 @@ pub(super) struct Objects {
 
 /// Open the address vector and the endpoint (or the scalable endpoint's contexts).
 /// Clears `cfg.want_sep` where a scalable endpoint cannot be had.
-pub(super) fn open_objects(cfg: &mut Config, chosen: &Chosen) -> Result<Objects, String> {
+pub(super) fn open_objects(
+    cfg: &mut Config,
+    chosen: &Chosen,
+    provider: &str,
+) -> Result<Objects, String> {
     let info = chosen.domain.info();
-    let provider = info.provider_name().to_string();
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
     let dom = chosen.domain.domain().clone();
-    let nctx = contexts(cfg, info, chosen.soft, &provider);
+    let nctx = contexts(cfg, info, chosen.soft, provider);
     // Without thread grouping only context 0 carries traffic (as in the C MTL).
     let used = if cfg.grouping { nctx } else { 1 };
     // As the C MTL: the bit length of the context count, also for one context.

@@ -31,6 +31,7 @@ pub(super) fn build_state(
     chosen: &Chosen,
     tags: &Tags,
     objects: &mut Objects,
+    provider: &str,
 ) -> Result<Box<Mtl>, String> {
     let info = chosen.domain.info();
     let policy = &chosen.policy;
@@ -77,7 +78,7 @@ pub(super) fn build_state(
         acks: Default::default(),
     });
     if chosen.soft {
-        let sm = software_matching(cfg, chosen, &objects.eps[0], &state)?;
+        let sm = software_matching(cfg, chosen, &objects.eps[0], &state, provider)?;
         state.soft = Some(sm);
     }
     Ok(state)
@@ -90,9 +91,9 @@ fn software_matching(
     chosen: &Chosen,
     ep: &Endpoint,
     state: &Mtl,
+    provider: &str,
 ) -> Result<Box<SoftMatch>, String> {
     let policy = &chosen.policy;
-    let provider = chosen.domain.info().provider_name().to_string();
     // Matching in software relies on untagged messages from one peer completing in
     // the order they were sent. net keeps that at any size (it streams over one
     // socket), and its RMA reads are protocol exchanges of their own, so 64 KiB
@@ -125,7 +126,7 @@ fn software_matching(
     } else {
         softmatch::BOUNCE_SMALL
     };
-    let multi = multi_receive(chosen, ep, bounce, &provider);
+    let multi = multi_receive(chosen, ep, bounce, provider);
     let mut sm = Box::new(SoftMatch::new(
         chosen.domain.domain().clone(),
         cfg.mpi_threads,
@@ -139,7 +140,7 @@ fn software_matching(
     sm.post_bounces(state)
         .map_err(|rc| format!("posting receive buffers failed ({rc})"))?;
     // Fast boxes (softmatch, common::fbox): on shm, with peers on the node.
-    if crate::common::endpoint::is_shm(&provider) && cfg.local_peers > 0 && sm.fbox_fits() {
+    if crate::common::endpoint::is_shm(provider) && cfg.local_peers > 0 && sm.fbox_fits() {
         let sizes = fbox::Sizes::new("mtl_ofi_fbox_size", cfg.fbox_size, sm.fbox_record_max())?;
         if let Some(sizes) = sizes {
             match fbox::Rx::create(cfg.local_peers + 1, sizes, 1) {
