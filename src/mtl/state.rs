@@ -1,14 +1,16 @@
 //! The per-process state of the MTL that the data path reads: the contexts and their
 //! completion queues, the receive budget and the queues of receives and sends that
-//! wait for the provider, and the counters. Built by `setup.rs`.
+//! wait for the provider, and the counters. Built by `open.rs` (its settings are
+//! decided in `open/settings.rs`).
 //!
 //! What it owns: the shape of that state and the accounting of the receive budget.
 //! What it must not touch: posting or completing operations (`send`, `recv`,
 //! `completion`).
 //!
 //! Threading: every call into the endpoint and the completion queue holds
-//! [`Mtl::lock`] (a real mutex only when MPI threads are enabled and the provider is
-//! not `FI_THREAD_SAFE`). Completions are read under the lock and dispatched after it
+//! [`Mtl::lock`] (a real mutex whenever MPI threads are enabled, whatever the
+//! provider's `FI_THREAD_*` level: udp;ofi_rxd hangs with concurrent callers although
+//! it claims `FI_THREAD_SAFE`). Completions are read under the lock and dispatched after it
 //! is released, because a completion may post (the acknowledgement of a synchronous
 //! send) or call into the PML.
 
@@ -23,7 +25,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// The per-process MTL state the data path reads. Built by `setup.rs`.
+/// The per-process MTL state the data path reads. Built by `open.rs`.
 pub struct Mtl {
     /// Transmit/receive contexts and their CQs: one entry, the regular endpoint (`tx`
     /// and `rx` both `ep`), unless `mtl_ofi_enable_sep` opened a scalable endpoint.
@@ -292,11 +294,18 @@ pub struct Counters {
     pub per_ctx: Box<[AtomicU64]>,
 }
 
-// SAFETY: the raw fid pointers are only used under `lock` when the provider's
-// threading level requires it (see setup.rs, which chooses the lock from the
-// negotiated FI_THREAD_* level); the objects live until finalize.
+// SAFETY: the raw fid pointers belong to a domain opened at FI_THREAD_DOMAIN or
+// FI_THREAD_SAFE (open/provider.rs asks for one of them), which lets any thread call
+// into its objects as long as the calls are serialised. They are: below
+// MPI_THREAD_MULTIPLE one thread at a time is inside MPI, and with it every call on the
+// endpoint and the CQ holds `lock`, a real mutex chosen from the MPI thread level
+// (`mpi_threads`, open/settings.rs `threaded_lock`), not from the FI_THREAD_* level. The
+// objects live until finalize, which takes the state out of `MTL` before it closes
+// them.
 unsafe impl Send for Mtl {}
-// SAFETY: as above.
+// SAFETY: shared references reach the fid pointers and the overflow area only through
+// fabric calls serialised as for Send; everything else the data path shares is
+// atomics, locks (`MaybeLock`/`MaybeMutex`, real under MPI threads) or fixed at init.
 unsafe impl Sync for Mtl {}
 
 /// The running MTL of this process (null before init and after finalize).
