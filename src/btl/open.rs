@@ -16,7 +16,7 @@ use super::am;
 use super::module::{lock, modex_encode, Module, Role, State, MAX_MODULES, MODULES};
 use super::teardown::destroy;
 use super::template::{component, param, param_str, TEMPLATE};
-use crate::common::quirks::Quirks;
+use crate::common::policy::{self, Policy};
 use crate::common::sync::{MaybeLock, Serial};
 use crate::common::{self, fbox, IdMap};
 use crate::ompi::modex;
@@ -232,14 +232,14 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
     let opened = objects::choose_provider(cfg, role, atomics_mode)?;
     let provider = opened.provider.clone();
     let (endpoints, name) = objects::open_endpoints(cfg, role, &opened.domain, &provider)?;
-    let quirks = crate::common::quirks::of(&provider);
-    let atomics_choice = offer::choose_atomics(cfg, &opened, atomics_mode, &quirks, &provider);
-    let rd_num = memory::receive_buffer_count(cfg, opened.domain.info(), &quirks, &provider);
-    let table = offer::module_table(cfg, role, &opened, &atomics_choice, &quirks, &provider);
+    let policy = policy::of(&provider);
+    let atomics_choice = offer::choose_atomics(cfg, &opened, atomics_mode, &policy, &provider);
+    let rd_num = memory::receive_buffer_count(cfg, opened.domain.info(), &policy, &provider);
+    let table = offer::module_table(cfg, role, &opened, &atomics_choice, &policy, &provider);
     let registrations = memory::registration_cache(opened.domain.info().caps())?;
     let frag_payload = table.sup.btl_max_send_size;
     let multi_recv =
-        memory::receive_mode(&opened, &endpoints.ctxs, frag_payload, &quirks, &provider);
+        memory::receive_mode(&opened, &endpoints.ctxs, frag_payload, &policy, &provider);
     let put_by_read = offer::puts_by_read(&table, &provider);
     let fbox = memory::fast_boxes(cfg, role, &table.sup, &provider);
     let (asked_atomics, mr_mode, nctx) = (
@@ -259,7 +259,7 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
             put_by_read,
             fbox,
         },
-        &quirks,
+        &policy,
         &provider,
     );
     if cfg.two_sided {
@@ -284,7 +284,7 @@ fn assemble_module(
     table: Table,
     registrations: Registrations,
     receives: Receives,
-    quirks: &Quirks,
+    policy: &Policy,
     provider: &str,
 ) -> *mut Module {
     let Opened {
@@ -345,7 +345,7 @@ fn assemble_module(
             inject_size,
             write_max,
             put_by_read,
-            piece_max: if quirks.send_past_inject_slow {
+            piece_max: if policy.slow_sends_in_pieces {
                 inject_size.min(am::wire::INLINE_MAX)
             } else {
                 0
@@ -363,11 +363,7 @@ fn assemble_module(
             frags: Mutex::new(Vec::new()),
             pending: Mutex::new(VecDeque::new()),
             has_pending: AtomicBool::new(false),
-            send_window: if quirks.flood_unsafe {
-                crate::common::quirks::SEND_WINDOW
-            } else {
-                0
-            },
+            send_window: policy.send_window,
             draining: Mutex::new(()),
             recv_bufs: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),

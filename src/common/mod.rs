@@ -120,6 +120,7 @@ pub mod fbox;
 pub mod locality;
 pub mod monitor;
 pub mod patch_check;
+pub mod policy;
 pub mod quirks;
 pub mod release;
 pub mod select;

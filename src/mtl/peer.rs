@@ -74,8 +74,7 @@ pub(super) fn peer(comm: Comm, rank: c_int) -> Result<Peer, c_int> {
     if !ep.is_null() {
         return Ok(of(ep));
     }
-    let mut procs = [proc_.as_ptr()];
-    super::setup::add_procs_inner(&mut procs)?;
+    super::setup::add_procs_inner(&[proc_])?;
     // Now filled in by add_procs.
     let ep = proc_.endpoint(Slot::Mtl) as *mut PeerEndpoint;
     if ep.is_null() {

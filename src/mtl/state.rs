@@ -1,14 +1,16 @@
 //! The per-process state of the MTL that the data path reads: the contexts and their
 //! completion queues, the receive budget and the queues of receives and sends that
-//! wait for the provider, and the counters. Built by `setup.rs`.
+//! wait for the provider, and the counters. Built by `open.rs` (its settings are
+//! decided in `open/settings.rs`).
 //!
 //! What it owns: the shape of that state and the accounting of the receive budget.
 //! What it must not touch: posting or completing operations (`send`, `recv`,
 //! `completion`).
 //!
 //! Threading: every call into the endpoint and the completion queue holds
-//! [`Mtl::lock`] (a real mutex only when MPI threads are enabled and the provider is
-//! not `FI_THREAD_SAFE`). Completions are read under the lock and dispatched after it
+//! [`Mtl::lock`] (a real mutex whenever MPI threads are enabled, whatever the
+//! provider's `FI_THREAD_*` level: udp;ofi_rxd hangs with concurrent callers although
+//! it claims `FI_THREAD_SAFE`). Completions are read under the lock and dispatched after it
 //! is released, because a completion may post (the acknowledgement of a synchronous
 //! send) or call into the PML.
 
@@ -26,7 +28,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// The per-process MTL state the data path reads. Built by `setup.rs`.
+/// The per-process MTL state the data path reads. Built by `open.rs`.
 pub struct Mtl {
     /// Transmit/receive contexts and their CQs: one entry, the regular endpoint (`tx`
     /// and `rx` both `ep`), unless `mtl_ofi_enable_sep` opened a scalable endpoint.
@@ -327,12 +329,17 @@ pub struct Counters {
     pub per_ctx: Box<[AtomicU64]>,
 }
 
-// SAFETY: the raw fid pointers are used only through `Ctx`'s views, under `lock`
-// whenever several threads may call in (setup builds the lock from Open MPI's thread
-// level); the overflow area is shared scratch that only the provider touches.
+// SAFETY: the raw fid pointers belong to a domain opened at FI_THREAD_DOMAIN or
+// FI_THREAD_SAFE (open/provider.rs asks for one of them), which lets any thread call
+// into its objects as long as the calls are serialised. They are: every call goes
+// through `Ctx`'s views and takes the `Serialized` proof of `lock`, a real mutex chosen
+// from the MPI thread level (open/settings.rs `threaded_lock`, `Threads`), not from the
+// FI_THREAD_* level. The objects live until finalize, which takes the state out of
+// `MTL` before it closes them.
 unsafe impl Send for Mtl {}
-// SAFETY: shared access is to atomics, mutexes and read-only fields; every libfabric
-// call on the raw fids takes the `lock`'s proof (`Serialized`).
+// SAFETY: shared references reach the fid pointers and the overflow area only through
+// fabric calls serialised as for Send; everything else the data path shares is
+// atomics, locks (`MaybeLock`/`MaybeMutex`, real under MPI threads) or fixed at init.
 unsafe impl Sync for Mtl {}
 
 /// The running MTL of this process (null before init and after finalize).

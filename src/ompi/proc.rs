@@ -11,8 +11,27 @@ use std::os::raw::c_void;
 
 /// A live proc. Invariant: Open MPI keeps it alive while any copy of the handle is
 /// used (procs live until `ompi_mpi_finalize`, after the components' `del_procs`).
+///
+/// `repr(transparent)`, so that the PML's array of proc pointers reads as handles
+/// ([`procs`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(transparent)]
 pub struct Proc(*mut sys::ompi_proc_t);
+
+/// The procs an MTL `add_procs` or `del_procs` received, as handles (empty for none).
+///
+/// # Safety
+/// `procs` must be null or point to `n` pointers to live procs that outlive every use
+/// of the handles (the PML passes such an array for the duration of the call).
+#[inline]
+pub unsafe fn procs<'a>(procs: *mut *mut sys::ompi_proc_t, n: usize) -> &'a [Proc] {
+    if procs.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: the caller passes n pointers to live procs; Proc is a transparent
+    // wrapper of one, so the array is an array of handles whose invariant holds.
+    unsafe { std::slice::from_raw_parts(procs as *const Proc, n) }
+}
 
 /// The components' slots in `proc_endpoints`.
 #[derive(Clone, Copy)]

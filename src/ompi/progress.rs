@@ -1,8 +1,24 @@
-//! Open MPI's progress engine, as the data paths need it: one round of `opal_progress`
-//! and the `mpi_yield_when_idle` setting.
+//! Open MPI's progress engine, as the components need it: the registration of a
+//! progress callback, one round of `opal_progress` and the `mpi_yield_when_idle`
+//! setting.
 
 use ompi_sys as sys;
+use std::os::raw::c_int;
 use std::ptr;
+
+/// Have `opal_progress` call `cb` on every round, until [`unregister`].
+pub fn register(cb: extern "C" fn() -> c_int) {
+    // SAFETY: Open MPI keeps only the function pointer (under its own lock); the
+    // component unregisters it at finalize, before the library can be unloaded.
+    unsafe { sys::opal_progress_register(Some(cb)) };
+}
+
+/// Stop calling `cb` (registered with [`register`]).
+pub fn unregister(cb: extern "C" fn() -> c_int) {
+    // SAFETY: removes a function pointer from Open MPI's list; unknown ones are
+    // ignored.
+    unsafe { sys::opal_progress_unregister(Some(cb)) };
+}
 
 /// One round of Open MPI's progress engine: every registered callback (ours, the
 /// other components', libnbc's for non-blocking collectives), then `sched_yield` when

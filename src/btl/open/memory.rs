@@ -11,7 +11,7 @@ use crate::btl::am;
 use crate::btl::module::{lock, Context, Role};
 use crate::btl::rcache::{self, Cache};
 use crate::btl::template::param;
-use crate::common::quirks::Quirks;
+use crate::common::policy::Policy;
 use crate::common::{self, fbox, release};
 use crate::fabric::{InfoRef, MemoryRegion};
 use crate::ompi::params::btl as idx;
@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub(super) fn receive_buffer_count(
     cfg: &Config,
     info: InfoRef<'_>,
-    quirks: &Quirks,
+    policy: &Policy,
     provider: &str,
 ) -> i64 {
     let rd_num = cfg.rd_num;
@@ -43,13 +43,9 @@ pub(super) fn receive_buffer_count(
         rd_num
     };
     // Where unexpected messages break the provider, post enough buffers that the
-    // fragments ob1 keeps in flight find one (common::quirks::FLOOD_RECV_BUFFERS).
-    let floor = crate::common::quirks::FLOOD_RECV_BUFFERS as i64;
-    if cfg.two_sided
-        && quirks.flood_unsafe
-        && rd_num < floor
-        && (rx_depth == 0 || rx_depth as i64 >= floor)
-    {
+    // fragments ob1 keeps in flight find one (common::policy::Policy::min_recv_buffers).
+    let floor = policy.min_recv_buffers as i64;
+    if cfg.two_sided && floor > 0 && rd_num < floor && (rx_depth == 0 || rx_depth as i64 >= floor) {
         log::info!(
             "provider {provider}: unexpected messages break it (common::quirks): \
              {floor} receive buffers instead of btl_ofi_rd_num={rd_num}"
@@ -117,14 +113,14 @@ pub(super) fn receive_mode(
     opened: &Opened,
     ctxs: &[Context],
     frag_payload: usize,
-    quirks: &Quirks,
+    policy: &Policy,
     provider: &str,
 ) -> bool {
     let multi = opened.multi;
     // Multi-receive buffers need the provider to release one before less than a
     // largest fragment is left in it, and to keep track of large fragments in them
     // (and of unexpected messages matched to them: not so on flood_unsafe providers).
-    let multi_unsafe = quirks.multi_recv_unsafe || quirks.flood_unsafe;
+    let multi_unsafe = !policy.multi_recv;
     if multi && multi_unsafe {
         log::info!(
             "provider {provider}: multi-receive buffers lose messages here \

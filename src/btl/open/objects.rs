@@ -142,7 +142,7 @@ pub(super) fn choose_provider(
     // btl_ofi_progress_mode chose.
     let provider = domain.info().provider_name().to_string();
     if progress == fi::FI_PROGRESS_UNSPEC
-        && crate::common::quirks::of(&provider).lags_in_auto_progress
+        && crate::common::policy::of(&provider).manual_progress
         && domain.info().data_progress() != fi::FI_PROGRESS_MANUAL
     {
         let reopened = hints_for(cfg, role, atomics, delivery, multi)

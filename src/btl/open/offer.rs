@@ -12,7 +12,7 @@ use crate::btl::am::wire::HDR;
 use crate::btl::module::Role;
 use crate::btl::template::{fill_table, param, TEMPLATE};
 use crate::btl::{amo, provider_atomics, rdma};
-use crate::common::quirks::Quirks;
+use crate::common::policy::Policy;
 use crate::ompi::params::btl as idx;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -59,7 +59,7 @@ pub(super) fn choose_atomics(
     cfg: &Config,
     opened: &Opened,
     atomics_mode: i64,
-    quirks: &Quirks,
+    policy: &Policy,
     provider: &str,
 ) -> AtomicsChoice {
     let provider_atomics = if opened.atomics {
@@ -70,7 +70,7 @@ pub(super) fn choose_atomics(
     // Atomics by active messages: asked for, or (auto) the provider has none or its
     // own crash (common::quirks). They need both services: the request travels as an
     // active message to the window's registration.
-    let atomics_crash = quirks.atomics_crash;
+    let atomics_crash = policy.emulate_atomics;
     let amo = cfg.one_sided
         && cfg.two_sided
         && match atomics_mode {
@@ -118,7 +118,7 @@ pub(super) fn module_table(
     role: Role,
     opened: &Opened,
     atomics: &AtomicsChoice,
-    quirks: &Quirks,
+    policy: &Policy,
     provider: &str,
 ) -> Table {
     let Config {
@@ -139,7 +139,7 @@ pub(super) fn module_table(
         .clamp(1, max_msg.saturating_sub(HDR).max(1));
     let one_packet = inject_size.saturating_sub(HDR);
     if two_sided
-        && quirks.segments_unsafe
+        && policy.one_packet_sends
         && one_packet > 0
         && sup.btl_max_send_size > one_packet
         && !crate::ompi::params::user_set("opal", "btl", "ofi", "max_send_size")
@@ -151,12 +151,12 @@ pub(super) fn module_table(
         );
         sup.btl_max_send_size = one_packet;
     }
-    let write_max = if one_sided && quirks.segments_unsafe && inject_size > rdma::WRITE_HEADROOM * 2
-    {
-        inject_size - rdma::WRITE_HEADROOM
-    } else {
-        usize::MAX
-    };
+    let write_max =
+        if one_sided && policy.one_packet_sends && inject_size > rdma::WRITE_HEADROOM * 2 {
+            inject_size - rdma::WRITE_HEADROOM
+        } else {
+            usize::MAX
+        };
     sup.btl_eager_limit = sup.btl_eager_limit.clamp(1, sup.btl_max_send_size);
     sup.btl_rndv_eager_limit = sup.btl_rndv_eager_limit.min(sup.btl_eager_limit);
     let amo = offer_services(&mut sup, cfg, atomics);
