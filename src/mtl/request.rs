@@ -52,6 +52,8 @@ pub struct Request {
     pub sup: sys::mca_mtl_request_t,
     /// Handed to libfabric as the operation context (FI_CONTEXT/FI_CONTEXT2 room).
     pub ctx: fi::fi_context2,
+    /// What the request is. [`Kind::Copied`] is set only by [`Req::alloc_copied`],
+    /// whose block `Req::free_copied` frees by that kind.
     pub kind: Kind,
     /// Completions still expected before the request is complete.
     pub pending: AtomicI32,
@@ -118,8 +120,15 @@ impl Request {
     }
 
     /// A fully owned internal request (on the heap or the stack; reached through a
-    /// [`Req`] while an operation of it is posted).
+    /// [`Req`] while an operation of it is posted). A [`Kind::Copied`] request is made
+    /// only by [`Req::alloc_copied`] (its block is freed by that kind): asked for one,
+    /// this makes a [`Kind::Send`].
     pub(crate) fn internal(kind: Kind, comm: Option<Comm>) -> Request {
+        let kind = if kind == Kind::Copied { Kind::Send } else { kind };
+        Request::internal_of(kind, comm)
+    }
+
+    fn internal_of(kind: Kind, comm: Option<Comm>) -> Request {
         let mut r = std::mem::MaybeUninit::<Request>::uninit();
         // SAFETY: r has room for a Request; init writes every field but sup, written
         // right after, so the whole value is initialised.
@@ -186,19 +195,22 @@ pub struct Req(NonNull<Request>);
 // (release/acquire) or under a lock (the queues that hold handles), see the invariant.
 unsafe impl Send for Req {}
 
-/// A getter and a setter per `Copy` field (not every field needs both).
+/// A getter per `Copy` field, and a setter per field that any value may take (not
+/// every field needs both). The buffer fields, which `recv_buf` and `free_buffer`
+/// trust, and the kind, which `free_copied` trusts, have no free setter.
 macro_rules! fields {
-    ($($name:ident / $set:ident : $t:ty),* $(,)?) => {
+    (read: $($rname:ident : $rt:ty),* ; write: $($name:ident / $set:ident : $t:ty),* $(,)?) => {
         #[allow(dead_code)]
         impl Req {
             $(
                 #[inline(always)]
-                pub(crate) fn $name(self) -> $t {
+                pub(crate) fn $rname(self) -> $rt {
                     // SAFETY: the handle's invariant: a live, initialised Request; the
                     // field is read by value, without a reference to the request.
-                    unsafe { ptr::addr_of!((*self.0.as_ptr()).$name).read() }
+                    unsafe { ptr::addr_of!((*self.0.as_ptr()).$rname).read() }
                 }
-
+            )*
+            $(
                 #[inline(always)]
                 pub(crate) fn $set(self, v: $t) {
                     // SAFETY: the handle's invariant: a live, initialised Request; the
@@ -212,12 +224,15 @@ macro_rules! fields {
 }
 
 fields! {
-    kind / set_kind: Kind,
+    read: kind: Kind, length: usize, owns_buffer: bool, sup: sys::mca_mtl_request_t,
+        status: Status, comm: Option<Comm>, convertor: Option<Convertor>,
+        probe_found: bool, matched_tag: u64, matched_data: u64,
+        sm_hdr: super::softmatch::Hdr, sm_addr: u64, sm_mr: *mut c_void, post_addr: u64,
+        rx_internal: bool, in_provider: bool;
+    write:
     status / set_status: Status,
     comm / set_comm: Option<Comm>,
     convertor / set_convertor: Option<Convertor>,
-    length / set_length: usize,
-    owns_buffer / set_owns_buffer: bool,
     probe_found / set_probe_found: bool,
     matched_tag / set_matched_tag: u64,
     matched_data / set_matched_data: u64,
@@ -229,6 +244,19 @@ fields! {
 }
 
 impl Req {
+    /// Change the kind of a receive as software matching reads its message (`Recv` to
+    /// `SmRead` and back). A [`Kind::Copied`] request stays one, and no other becomes one:
+    /// `free_copied` frees a Copied request's block by that kind.
+    #[inline]
+    pub(crate) fn set_kind(self, kind: Kind) {
+        if kind == Kind::Copied || self.kind() == Kind::Copied {
+            return;
+        }
+        // SAFETY: the handle's invariant: a live, initialised Request; a plain field
+        // write of a Copy value.
+        unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).kind).write(kind) }
+    }
+
     /// Initialise the PML's request `req`, with our bytes behind it, as a request of
     /// `kind`.
     ///
@@ -262,22 +290,21 @@ impl Req {
     /// completion is being reaped now.
     #[inline]
     pub(crate) unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
-        let ctx = NonNull::new(ctx)?;
-        // SAFETY: the caller's promise: ctx is the ctx field of a live Request, so it lies
-        // offset_of!(Request, ctx) bytes into it.
-        let r = unsafe { ctx.cast::<u8>().sub(offset_of!(Request, ctx)) };
-        Some(Req(r.cast()))
+        // The caller's promise: ctx is the ctx field of a live Request, so the request
+        // starts offset_of!(Request, ctx) bytes before it.
+        let r = ctx.wrapping_byte_sub(offset_of!(Request, ctx)) as *mut Request;
+        NonNull::new(ctx).and(NonNull::new(r)).map(Req)
     }
 
-    /// The request whose address software matching sent as a token ([`Req::addr`]).
+    /// The request whose address software matching sent as a token ([`Req::addr`]);
+    /// `None` for 0.
     ///
     /// # Safety
-    /// `token` is the address of a live request of ours that still expects the
+    /// `token` is 0 or the address of a live request of ours that still expects the
     /// completion the token stands for.
     #[inline]
-    pub(crate) unsafe fn of_token(token: u64) -> Req {
-        // SAFETY: the caller's promise: a live request's address, which is not null.
-        Req(unsafe { NonNull::new_unchecked(token as *mut Request) })
+    pub(crate) unsafe fn of_token(token: u64) -> Option<Req> {
+        NonNull::new(token as *mut Request).map(Req)
     }
 
     /// What a receive completion reports in this request's buffer: `len` bytes at its
@@ -456,8 +483,8 @@ impl Req {
                 let r = self.0.as_ptr();
                 libc::free(ptr::addr_of!((*r).buffer).read() as *mut c_void);
                 ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
+                ptr::addr_of_mut!((*r).owns_buffer).write(false);
             }
-            self.set_owns_buffer(false);
         }
     }
 
@@ -541,7 +568,7 @@ impl Req {
         let c = unsafe {
             let c = NonNull::new(std::alloc::alloc(layout) as *mut Request)?;
             let p = c.as_ptr();
-            p.write(Request::internal(Kind::Copied, None));
+            p.write(Request::internal_of(Kind::Copied, None));
             let buf = (p as *mut u8).add(std::mem::size_of::<Request>());
             ptr::copy_nonoverlapping(head.as_ptr(), buf, head.len());
             ptr::copy_nonoverlapping(data.as_ptr(), buf.add(head.len()), data.len());
@@ -596,8 +623,7 @@ impl Req {
     /// A PML request stands behind this one.
     #[inline(always)]
     pub(crate) fn has_pml(self) -> bool {
-        // SAFETY: the handle's invariant; the head is read by value.
-        ompi::request::has_pml(&unsafe { ptr::addr_of!((*self.0.as_ptr()).sup).read() })
+        ompi::request::has_pml(&self.sup())
     }
 
     /// Publish the status to the PML's request and tell the PML it is complete. The

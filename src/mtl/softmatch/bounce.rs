@@ -172,11 +172,13 @@ fn dispatch(m: &Mtl, sm: &SoftMatch, hdr: Hdr, payload: &[u8]) {
                 );
                 return;
             }
-            let r = SoftMatch::token_request(hdr.token);
-            if hdr.kind == FIN {
-                drop_mr(r);
+            // decode rejects a FIN or ACK without a token.
+            if let Some(r) = SoftMatch::token_request(hdr.token) {
+                if hdr.kind == FIN {
+                    drop_mr(r);
+                }
+                completion::finish_part(r);
             }
-            completion::finish_part(r);
         }
         FRAG => {
             let whole = {

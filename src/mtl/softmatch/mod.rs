@@ -402,7 +402,7 @@ impl SoftMatch {
 
     /// The send request a FIN or ACK's `token` names, once [`SoftMatch::take_waiting`]
     /// found it waiting.
-    fn token_request(token: u64) -> Req {
+    fn token_request(token: u64) -> Option<Req> {
         // SAFETY: the token is the address of our own send request, registered in
         // `waiting` when it was sent (`expect`), alive until this, its last
         // completion, and just taken out of `waiting` (so reached once).
