@@ -359,10 +359,9 @@ impl<R> Cache<R> {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 && (p as usize).is_power_of_two() {
-        p as usize
+    let p = crate::common::patch_check::page_size();
+    if p.is_power_of_two() {
+        p
     } else {
         4096
     }

@@ -135,14 +135,7 @@ pub(super) fn receive_mode(
         && !multi_unsafe
         && ctxs.iter().all(|c| {
             let min: usize = am::wire::HDR + frag_payload;
-            // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
-            let r = unsafe {
-                c.rx.setopt(
-                    fi::FI_OPT_ENDPOINT as i32,
-                    fi::FI_OPT_MIN_MULTI_RECV as i32,
-                    &min,
-                )
-            };
+            let r = c.rx.set_min_multi_recv(min);
             if let Err(err) = &r {
                 log::info!(
                     "provider {provider}: no minimum for multi-receive buffers ({err}); one \
