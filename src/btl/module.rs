@@ -29,8 +29,7 @@ use crate::ompi::proc::OpalProc;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::collections::VecDeque;
-use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use crate::common::sync::lock;
@@ -166,7 +165,7 @@ pub struct State {
     pub outside: Mutex<IdMap<usize, registration::Handle>>,
     /// The cache's release table, read by progress without the cache's mutex.
     pub rcache_slots: Arc<rcache::Slots>,
-    pub rcache_sub: Option<release::SlotId>,
+    pub rcache_sub: Option<release::Subscription<rcache::Slots>>,
     pub error_cb: Mutex<sys::mca_btl_base_module_error_cb_fn_t>,
     /// Held while one call drains the completion queue.
     pub in_progress: Serial,
@@ -295,20 +294,20 @@ impl State {
 /// The most modules one process runs: one for every peer, one for on-host peers.
 pub(super) const MAX_MODULES: usize = 2;
 
-/// The running modules (null before init and after finalize); the first reaches
+/// The running modules (none before init and after finalize); the first reaches
 /// every peer.
-pub(super) static MODULES: [AtomicPtr<Module>; MAX_MODULES] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_MODULES];
+pub(super) static MODULES: crate::ompi::btl::Published<Module, MAX_MODULES> =
+    crate::ompi::btl::Published::new();
 
 /// The running modules, the one that reaches every peer first.
 pub(super) fn running() -> impl Iterator<Item = &'static Module> {
-    MODULES.iter().filter_map(|slot| {
-        let module = slot.load(Ordering::Acquire);
-        // SAFETY: a slot holds null or a live module: teardown unpublishes a module
-        // (swaps its slot to null) before it frees it, and Open MPI calls the
-        // component's progress and counters only while the component is open.
-        unsafe { module.as_ref() }
-    })
+    MODULES.iter()
+}
+
+/// The running module Open MPI knows as `btl`, looked up rather than cast: for the
+/// entry points off the data path (`None`: not one of ours, or not running).
+pub(super) fn running_module(btl: *mut sys::mca_btl_base_module_t) -> Option<&'static Module> {
+    running().find(|m| m.btl() == btl)
 }
 
 /// Which peers a module serves.

@@ -27,7 +27,7 @@ use objects::{Endpoints, Opened};
 use offer::Table;
 use ompi_sys as sys;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
@@ -176,12 +176,10 @@ fn publish(modules: Vec<Named>) -> Result<(*mut *mut sys::mca_btl_base_module_t,
         return Err("out of memory".into());
     };
     let n = modules.len();
-    for (i, (slot, (m, _))) in MODULES.iter().zip(modules).enumerate() {
+    for (i, (m, _)) in modules.into_iter().enumerate() {
         // Open MPI calls the module through this pointer until it finalizes it, which
         // gives the box back (teardown).
-        let m = Box::into_raw(m);
-        slot.store(m, Ordering::Release);
-        arr.set(i, m.cast());
+        arr.set(i, MODULES.publish(i, m).cast());
     }
     Ok((arr.into_raw(), n as i32))
 }

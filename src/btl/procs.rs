@@ -7,7 +7,7 @@
 //! failing a departing peer's queued fast-box fragments (`am`).
 
 use super::am;
-use super::module::{lock, modex_decode, Module, PeerEp, Role};
+use super::module::{lock, modex_decode, running_module, Module, PeerEp, Role};
 use super::template::component;
 use crate::common::fbox;
 use crate::ompi::btl::Reachable;
@@ -140,8 +140,9 @@ pub(super) extern "C" fn register_error(
     cb: sys::mca_btl_base_module_error_cb_fn_t,
 ) -> c_int {
     ffi_guard("btl register_error", sys::OPAL_ERROR, || {
-        // SAFETY: Open MPI calls a module's entries only between its init and finalize.
-        let module = unsafe { crate::ompi::btl::module::<Module>(btl) };
+        let Some(module) = running_module(btl) else {
+            return sys::OPAL_ERR_BAD_PARAM;
+        };
         *lock(&module.state.error_cb) = cb;
         sys::OPAL_SUCCESS
     })

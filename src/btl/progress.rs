@@ -7,7 +7,7 @@
 
 use super::am;
 use super::am::frag::{Frag, RecvBuf};
-use super::module::{running, Module};
+use super::module::{running, running_module, Module};
 use super::op_context::{Ctx, OpKind};
 use super::rdma::{self, RdmaOp};
 use super::{put_by_read, resolve};
@@ -233,8 +233,9 @@ pub(super) extern "C" fn flush(
     _ep: *mut sys::mca_btl_base_endpoint_t,
 ) -> c_int {
     ffi_guard("btl flush", sys::OPAL_ERROR, || {
-        // SAFETY: Open MPI calls a module's entries only between its init and finalize.
-        let module = unsafe { crate::ompi::btl::module::<Module>(btl) };
+        let Some(module) = running_module(btl) else {
+            return sys::OPAL_ERR_BAD_PARAM;
+        };
         while module.state.rdma_outstanding.load(Ordering::Acquire) > 0 {
             if progress_module(module) == 0 {
                 // Another thread (or an outer frame) may be progressing: let Open MPI run.

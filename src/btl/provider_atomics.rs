@@ -10,7 +10,7 @@ use super::module::{Module, PeerEp};
 use super::rdma::{post_op, run, Req};
 use super::registration::{Registration, HANDLE};
 use super::resolve::Again;
-use crate::fabric::AtomicOp;
+use crate::fabric::{AtomicOp, Local};
 use crate::ompi::btl::rdma_args;
 use crate::ompi::component::ffi_guard;
 use libfabric_sys as fi;
@@ -136,7 +136,7 @@ fn atomic_op(r: Req, aop: AtomicOp, operand: u64) -> c_int {
         // 32-bit value) until the completion. Like a put, with delivery a
         // non-fetching atomic completes when it has been applied at the target (osc
         // rdma flushes and unlocks on it).
-        post_op(o, |ctx, operand, _| {
+        post_op(o, Local::NONE, |ctx, _, operand, _| {
             state.fi(|| {
                 state
                     .tx()
@@ -219,7 +219,7 @@ fn atomic_fop(r: Req, aop: AtomicOp, operand: u64) -> c_int {
     run(r, 3, operand, 0, None, |state, o, result, remote| {
         // The operand in the op, the result in the caller's registered buffer; both
         // live until the completion.
-        post_op(o, |ctx, operand, _| {
+        post_op(o, result, |ctx, result, operand, _| {
             state.fi(|| {
                 state
                     .tx()
@@ -294,7 +294,7 @@ fn atomic_cswap(r: Req, dt: fi::fi_datatype, compare: u64, value: u64) -> c_int 
     run(r, 4, value, compare, None, |state, o, result, remote| {
         // Value and compare live in the op, the result in the caller's registered
         // buffer, until the completion.
-        post_op(o, |ctx, operand, cmp| {
+        post_op(o, result, |ctx, result, operand, cmp| {
             state.fi(|| {
                 state
                     .tx()

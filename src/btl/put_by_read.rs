@@ -22,7 +22,7 @@ use super::amo::{
     my_name, origin_ep, put_u64s, range_ok, send, u32_at, u64_at, DecodeError, Pending, Reply,
     NEXT_ID, PENDING, TAG_REP,
 };
-use super::module::{lock, Module, PeerEp};
+use super::module::{lock, running_module, Module, PeerEp};
 use super::rdma::Req;
 use super::registration::Handle;
 use crate::common::IdMap;
@@ -276,9 +276,10 @@ unsafe extern "C" fn put_read_done(
     cbdata: *mut c_void,
     status: c_int,
 ) {
-    // SAFETY: called back by this BTL's own get (read_for) on one of its live modules.
-    let module = unsafe { crate::ompi::btl::module::<Module>(btl) };
-    answer(module, context.cast(), cbdata as usize as u64, status);
+    // Called back by this BTL's own get (read_for) on one of its running modules.
+    if let Some(module) = running_module(btl) {
+        answer(module, context.cast(), cbdata as usize as u64, status);
+    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,9 @@ unsafe impl Send for RdmaOp {}
 /// A put split in parts: the operation, completed when the last part completes.
 struct Whole {
     op: Mutex<Option<Box<RdmaOp>>>,
+    /// The descriptor of the whole op's own registration, for its parts (an address,
+    /// only handed on); the op keeps the registration until it completes.
+    desc: Option<usize>,
     /// The parts not yet completed, and the first error.
     parts: AtomicUsize,
     part_err: AtomicI32,
@@ -198,15 +201,12 @@ pub(super) fn run(
         addr: r.remote_address.wrapping_sub(rh.base),
         key: rh.key,
     };
-    let mut local = r.local;
+    let local = r.local;
     let mut op = RdmaOp::new(r.cb, operand, compare);
     if local.desc().is_null() && state.mr_local && !local.is_empty() {
         let Some(t) = register(state, local.addr(), local.len()) else {
             return sys::OPAL_ERR_OUT_OF_RESOURCE;
         };
-        // SAFETY: the registration covers the local range and lives in the operation
-        // until its completion (or its failed post) gives it back.
-        local = unsafe { local.with_desc(t.desc) };
         op.temp = Some(t);
     }
     state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
@@ -270,26 +270,35 @@ pub(super) fn run(
     }
 }
 
-/// Post `op` with `post(context, operand, compare)`, which gets the operation's
-/// context and its operands as ranges to post: the operation is leaked to the provider
+/// Post `op` with `post(context, local, operand, compare)`, which gets the operation's
+/// context, its local range (with the descriptor of the registration made for it, if
+/// any) and its operands as ranges to post: the operation is leaked to the provider
 /// and comes back at its completion (progress), or here when the post fails.
 #[inline]
 pub(super) fn post_op(
     op: Box<RdmaOp>,
-    post: impl FnOnce(OpContext, Local, Local) -> Result<(), Error>,
+    local: Local,
+    post: impl FnOnce(OpContext, Local, Local, Local) -> Result<(), Error>,
 ) -> PostResult {
     let scribble = crate::common::quirks::scribble_contexts();
     let raw = Box::into_raw(op);
     // SAFETY: raw is the operation just leaked, which nothing else holds: its context
     // and operands stay put, and are only read by the provider, until the completion,
     // whose context gives the box back (progress); the box is taken back here only when
-    // the post fails, so that nothing is in flight.
+    // the post fails, so that nothing is in flight. A registration made for the local
+    // range (the op's own, or its whole put's) covers it and lives until then.
     unsafe {
         let o = &*raw;
+        let desc = o.temp.as_ref().map(|t| t.desc).or_else(|| {
+            o.whole
+                .as_ref()
+                .and_then(|w| w.desc.map(|d| d as *mut c_void))
+        });
+        let local = desc.map_or(local, |d| local.with_desc(d));
         let ctx = o.ctx.fi.context(scribble);
         let operand = Local::new((&raw const o.operand).cast_mut().cast(), 8, ptr::null_mut());
         let compare = Local::new((&raw const o.compare).cast_mut().cast(), 8, ptr::null_mut());
-        post(ctx, operand, compare).map_err(|e| (Box::from_raw(raw), e))
+        post(ctx, local, operand, compare).map_err(|e| (Box::from_raw(raw), e))
     }
 }
 
@@ -452,7 +461,7 @@ fn rma(state: &State, dir: Dir, local: Local, remote: Remote, op: Box<RdmaOp>) -
     } else {
         0
     };
-    post_op(op, |ctx, _, _| {
+    post_op(op, local, |ctx, local, _, _| {
         state.fi(|| state.tx().post_rma(dir, local, remote, ctx, flags))
     })
 }
@@ -472,8 +481,10 @@ fn put_in_parts(
     let step = state.write_max;
     let n = size.div_ceil(step);
     // The parts count down from n before any can complete.
+    let desc = op.temp.as_ref().map(|t| t.desc as usize);
     let whole = Arc::new(Whole {
         op: Mutex::new(Some(op)),
+        desc,
         parts: AtomicUsize::new(n),
         part_err: AtomicI32::new(0),
     });

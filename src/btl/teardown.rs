@@ -7,42 +7,18 @@
 
 use super::module::{fbox_sent_of, lock, Module, State, MODULES};
 use super::{amo, put_by_read, rdma, resolve};
-use crate::common::release;
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
 use std::os::raw::c_int;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::Ordering;
 
 pub(super) extern "C" fn finalize_cb(btl: *mut sys::mca_btl_base_module_t) -> c_int {
     ffi_guard("btl finalize", sys::OPAL_ERROR, || {
-        for slot in &MODULES {
-            if let Some(module) = unpublish(slot, btl as *mut Module) {
-                destroy(module);
-            }
-        }
+        MODULES
+            .unpublish(Some(btl as *mut Module))
+            .for_each(destroy);
         sys::OPAL_SUCCESS
     })
-}
-
-/// Take the module out of `slot` when it holds `expected` (any module: null), and
-/// with it the box `publish` gave up.
-fn unpublish(slot: &AtomicPtr<Module>, expected: *mut Module) -> Option<Box<Module>> {
-    let module = if expected.is_null() {
-        slot.swap(ptr::null_mut(), Ordering::AcqRel)
-    } else {
-        slot.compare_exchange(
-            expected,
-            ptr::null_mut(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .unwrap_or(ptr::null_mut())
-    };
-    // SAFETY: a slot holds null or a module `publish` leaked with Box::into_raw; taken
-    // out of the slot, no progress reaches it any more, and Open MPI no longer calls
-    // it (finalize) or the component (close).
-    (!module.is_null()).then(|| unsafe { Box::from_raw(module) })
 }
 
 /// Free a module: unpublished, or never published.
@@ -52,9 +28,8 @@ pub(super) fn destroy(mut owned: Box<Module>) {
     resolve::forget_module(&owned);
     let state = &mut owned.state;
     state.closing.store(true, Ordering::Release);
-    if let Some(id) = state.rcache_sub.take() {
-        release::unsubscribe(id);
-    }
+    // Unsubscribes (before the cache's slots may go).
+    drop(state.rcache_sub.take());
     let stats = lock(&state.rcache).stats();
     log::info!("registration cache: {stats}");
     let ops: Vec<u64> = state
@@ -137,10 +112,6 @@ pub(super) fn destroy(mut owned: Box<Module>) {
 /// Tear the module down (idempotent). No sleep: the endpoint close discards whatever
 /// is still in flight.
 pub fn finalize() {
-    for slot in &MODULES {
-        if let Some(module) = unpublish(slot, ptr::null_mut()) {
-            destroy(module);
-        }
-    }
+    MODULES.unpublish(None).for_each(destroy);
     // The module array itself is freed by Open MPI's btl base.
 }

@@ -109,6 +109,63 @@ pub unsafe fn rdma_args<'a, M, E, R: LocalHandle, const N: usize>(
     }
 }
 
+/// The modules a BTL runs, at most `N`, published for the component's progress and
+/// counters (`iter`) from init until Open MPI finalizes them or closes the component.
+///
+/// Invariant: a slot holds null or a module `publish` leaked from its box, which only
+/// `unpublish` takes back (and then frees it, once Open MPI no longer calls it).
+pub struct Published<M, const N: usize>([AtomicPtr<M>; N]);
+
+impl<M: 'static, const N: usize> Published<M, N> {
+    pub const fn new() -> Self {
+        Published([const { AtomicPtr::new(ptr::null_mut()) }; N])
+    }
+
+    /// Publish `module` in slot `i`; the pointer Open MPI is to know it by (null, and
+    /// the module dropped, past the slots).
+    pub fn publish(&self, i: usize, module: Box<M>) -> *mut M {
+        let Some(slot) = self.0.get(i) else {
+            return ptr::null_mut();
+        };
+        let m = Box::into_raw(module);
+        slot.store(m, Ordering::Release);
+        m
+    }
+
+    /// Take `module` out of its slot (`None`: the module of every slot), with the box
+    /// `publish` gave up.
+    pub fn unpublish(&self, module: Option<*mut M>) -> impl Iterator<Item = Box<M>> + '_ {
+        self.0.iter().filter_map(move |slot| {
+            let m = match module {
+                None => slot.swap(ptr::null_mut(), Ordering::AcqRel),
+                Some(want) => slot
+                    .compare_exchange(want, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
+                    .unwrap_or(ptr::null_mut()),
+            };
+            // SAFETY: a slot holds null or a module publish leaked (the type's
+            // invariant), which the swap above took out: nothing else takes it back.
+            (!m.is_null()).then(|| unsafe { Box::from_raw(m) })
+        })
+    }
+
+    /// The published modules, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = &'static M> + '_ {
+        self.0.iter().filter_map(|slot| {
+            let m = slot.load(Ordering::Acquire);
+            // SAFETY: null or a live published module (the type's invariant); a module
+            // is freed only after `unpublish` took it out, which Open MPI does (finalize,
+            // component close) only once no other call into the component runs.
+            unsafe { m.as_ref() }
+        })
+    }
+}
+
+impl<M: 'static, const N: usize> Default for Published<M, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The array of modules `btl_init` returns, from the C heap (Open MPI frees it with
 /// `free`).
 pub struct ModuleArray {
