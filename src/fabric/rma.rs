@@ -72,15 +72,17 @@ impl Endpoint {
     /// `fi_recv` into `buf` from any source.
     #[inline]
     pub fn post_recv(&self, buf: Local, ctx: OpContext) -> Result<()> {
-        // SAFETY: as for post_send; the provider writes the buffer, which `Local`'s
-        // contract allows until the completion.
+        // SAFETY: the endpoint is open; the provider writes the buffer, which `Local`'s
+        // contract keeps valid (and unwritten by others) until the completion, as
+        // `OpContext`'s keeps the context.
         unsafe { self.recv(buf.addr(), buf.len(), buf.desc(), u64::MAX, ctx.as_ptr()) }
     }
 
     /// `fi_recvmsg` of `buf` as one multi-receive buffer (`FI_MULTI_RECV`).
     #[inline]
     pub fn post_recv_multi(&self, buf: Local, ctx: OpContext) -> Result<()> {
-        // SAFETY: as for post_recv, until the completion that releases the buffer.
+        // SAFETY: the endpoint is open; `Local` and `OpContext` keep the buffer and the
+        // context valid until the completion that releases the buffer.
         unsafe { self.recv_multi(buf.addr(), buf.len(), buf.desc(), ctx.as_ptr()) }
     }
 
@@ -165,8 +167,9 @@ impl Endpoint {
             context: ctx.as_ptr(),
             data: 0,
         };
-        // SAFETY: as above; msg and what it points to live for the call (the provider
-        // copies them).
+        // SAFETY: the endpoint is open; the operand and the context stay valid until the
+        // completion (`Local`, `OpContext`); msg and what it points to live for the call
+        // (the provider copies them).
         posted(unsafe {
             fi::fi_atomicmsg(
                 self.as_ptr(),
@@ -221,7 +224,8 @@ impl Endpoint {
         ctx: OpContext,
     ) -> Result<()> {
         let Remote { peer, addr, key } = remote;
-        // SAFETY: as for post_fetch_atomic, and the compare value too.
+        // SAFETY: the endpoint is open; operand, compare value, result and context stay
+        // valid until the completion (the invariants of `Local` and `OpContext`).
         posted(unsafe {
             fi::fi_compare_atomic(
                 self.as_ptr(),

@@ -323,7 +323,8 @@ impl RdmaCallback {
 pub unsafe fn read_handle<const N: usize>(
     h: *const sys::mca_btl_base_registration_handle_t,
 ) -> [u8; N] {
-    // SAFETY: caller's contract; [u8; N] has alignment 1.
+    // SAFETY: h points to N readable bytes (the contract), and [u8; N] has alignment 1,
+    // so an unaligned handle reads fine.
     unsafe { ptr::read_volatile(h as *const [u8; N]) }
 }
 
