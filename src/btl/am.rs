@@ -26,39 +26,21 @@ use super::module::{Module, PeerEp};
 use crate::fabric::Error;
 use crate::ompi::convertor::Convertor;
 use crate::ompi::error::OpalCode;
-use frag::{get_frag, prime, put_frag, write_header, Frag};
+use frag::{get_frag, put_frag, Frag};
 use ompi_sys as sys;
-use send::{post, send_frag};
+use send::{post, send_frag, Posted};
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::Ordering;
 use wire::{AmHeader, HDR, INLINE_MAX};
 
+/// Pack the next `dst.len()` bytes of the convertor's data into `dst`; returns the
+/// packed length.
 #[inline]
-fn module_of(btl: *mut sys::mca_btl_base_module_t) -> *mut Module {
-    btl as *mut Module
-}
-
-/// Pack `size` bytes from the convertor at `dst`. Returns the packed length.
-///
-/// # Safety
-/// `dst` has room for `size` bytes; `conv` is a prepared convertor.
-unsafe fn pack(
-    conv: *mut sys::opal_convertor_t,
-    dst: *mut u8,
-    size: usize,
-) -> Result<usize, c_int> {
-    if size == 0 {
+fn pack(conv: Option<Convertor>, dst: &mut [u8]) -> Result<usize, c_int> {
+    if dst.is_empty() {
         return Ok(0);
     }
-    // SAFETY: forwarded from the caller: a prepared convertor, and size writable bytes
-    // at dst that nothing else uses during the call.
-    let (conv, dst) = unsafe {
-        (
-            Convertor::from_raw(conv),
-            std::slice::from_raw_parts_mut(dst, size),
-        )
-    };
     conv.ok_or(sys::OPAL_ERROR)?.pack(dst)
 }
 
@@ -70,20 +52,29 @@ pub(crate) extern "C" fn btl_alloc(
     flags: u32,
 ) -> *mut sys::mca_btl_base_descriptor_t {
     crate::ompi::component::ffi_guard("btl alloc", ptr::null_mut(), || {
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*module_of(btl)).state };
-        if size > state.frag_payload {
-            return ptr::null_mut();
-        }
-        let Some(f) = get_frag(state) else {
-            return ptr::null_mut();
-        };
-        // SAFETY: f is a free fragment.
-        unsafe {
-            prime(f, ep, order, flags, size);
-            &mut (*f).base
-        }
+        // SAFETY: Open MPI calls a module's entries only between its init and finalize.
+        let module = unsafe { crate::ompi::btl::module::<Module>(btl) };
+        alloc(module, ep, order, size, flags)
     })
+}
+
+/// A fragment for `size` payload bytes to `ep`, handed to ob1; null when there is none.
+fn alloc(
+    module: &'static Module,
+    ep: *mut sys::mca_btl_base_endpoint_t,
+    order: u8,
+    size: usize,
+    flags: u32,
+) -> *mut sys::mca_btl_base_descriptor_t {
+    let state = &module.state;
+    if size > state.frag_payload {
+        return ptr::null_mut();
+    }
+    let Some(mut f) = get_frag(state) else {
+        return ptr::null_mut();
+    };
+    f.prime(ep, order, flags, size);
+    f.into_descriptor()
 }
 
 pub(crate) extern "C" fn btl_free(
@@ -91,8 +82,15 @@ pub(crate) extern "C" fn btl_free(
     des: *mut sys::mca_btl_base_descriptor_t,
 ) -> c_int {
     crate::ompi::component::ffi_guard("btl free", sys::OPAL_ERROR, || {
-        // SAFETY: btl is our module; des is one of our fragments (its first field).
-        put_frag(unsafe { &(*module_of(btl)).state }, des as *mut Frag);
+        // SAFETY: btl is a live module of ours; des is a fragment of ours (its first
+        // field) that ob1 gives back, and with it the box.
+        let (module, f) = unsafe {
+            (
+                crate::ompi::btl::module::<Module>(btl),
+                Box::from_raw(des as *mut Frag),
+            )
+        };
+        put_frag(&module.state, f);
         sys::OPAL_SUCCESS
     })
 }
@@ -107,30 +105,33 @@ pub(crate) extern "C" fn btl_prepare_src(
     flags: u32,
 ) -> *mut sys::mca_btl_base_descriptor_t {
     crate::ompi::component::ffi_guard("btl prepare_src", ptr::null_mut(), || {
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*module_of(btl)).state };
+        // SAFETY: btl is a live module of ours; size is ob1's in/out length; conv is
+        // the convertor ob1 prepared for this send and keeps during the call.
+        let (module, size, conv) = unsafe {
+            (
+                crate::ompi::btl::module::<Module>(btl),
+                &mut *size,
+                Convertor::from_raw(conv),
+            )
+        };
+        let state = &module.state;
         if reserve > state.frag_payload {
             return ptr::null_mut();
         }
-        // SAFETY: size is a valid in/out pointer.
-        let want = unsafe { *size }.min(state.frag_payload - reserve);
-        let Some(f) = get_frag(state) else {
+        let want = (*size).min(state.frag_payload - reserve);
+        let Some(mut f) = get_frag(state) else {
             return ptr::null_mut();
         };
-        // SAFETY: f is free; its payload has room for reserve + want bytes.
-        let packed = match unsafe { pack(conv, (*f).buf.add(HDR + reserve), want) } {
+        let packed = match pack(conv, &mut f.payload_mut(reserve)[..want]) {
             Ok(n) => n,
             Err(_) => {
                 put_frag(state, f);
                 return ptr::null_mut();
             }
         };
-        // SAFETY: as above.
-        unsafe {
-            prime(f, ep, order, flags, reserve + packed);
-            *size = packed;
-            &mut (*f).base
-        }
+        f.prime(ep, order, flags, reserve + packed);
+        *size = packed;
+        f.into_descriptor()
     })
 }
 
@@ -141,12 +142,17 @@ pub(crate) extern "C" fn btl_send(
     tag: sys::mca_btl_base_tag_t,
 ) -> c_int {
     crate::ompi::component::ffi_guard("btl send", sys::OPAL_ERROR, || {
-        let f = des as *mut Frag;
-        // SAFETY: des is one of our fragments; the header precedes the payload.
-        unsafe {
-            write_header(f, tag);
-            send_frag(module_of(btl), f)
-        }
+        // SAFETY: btl is a live module of ours; des is a fragment of ours (its first
+        // field) that ob1 primed through alloc or prepare_src and hands over, box and
+        // all, until the send's completion.
+        let (module, mut f) = unsafe {
+            (
+                crate::ompi::btl::module::<Module>(btl),
+                Box::from_raw(des as *mut Frag),
+            )
+        };
+        f.write_header(tag);
+        send_frag(module, f)
     })
 }
 
@@ -177,125 +183,155 @@ pub(crate) extern "C" fn btl_sendi(
     descriptor: *mut *mut sys::mca_btl_base_descriptor_t,
 ) -> c_int {
     crate::ompi::component::ffi_guard("btl sendi", sys::OPAL_ERROR, || {
-        let module = module_of(btl);
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*module).state };
-        let total = header_size + payload_size;
-        let busy = || {
-            if !descriptor.is_null() {
-                // SAFETY: valid out pointer.
-                unsafe { *descriptor = btl_alloc(btl, ep, order, total, flags) };
-            }
-            sys::OPAL_ERR_RESOURCE_BUSY
+        // SAFETY: btl is a live module of ours and ep a peer of its add_procs; ob1
+        // passes header_size readable bytes at header, the convertor it prepared for
+        // this send, and a null or valid out pointer for a descriptor.
+        let (module, peer, header, conv, descriptor) = unsafe {
+            (
+                crate::ompi::btl::module::<Module>(btl),
+                crate::ompi::btl::endpoint::<PeerEp>(ep),
+                std::slice::from_raw_parts(header as *const u8, header_size),
+                Convertor::from_raw(conv),
+                descriptor.as_mut(),
+            )
         };
-        // SAFETY: the endpoint came from add_procs.
-        let peer = unsafe { &*(ep as *mut PeerEp) };
-        if let Some(tx) = peer.fbox.as_ref() {
-            if total <= tx.max() {
-                // With fragments waiting for this peer's box, or the box full, ob1 sends
-                // it with `btl_send`, which queues it in order (`fbox_send`).
-                if peer.fbox_waiting.load(Ordering::Acquire) > 0 {
-                    return busy();
-                }
-                let Some(slot) = tx.reserve(total) else {
-                    return busy();
-                };
-                let b = slot.payload();
-                // SAFETY: the slot has room for total bytes; header is valid for
-                // header_size bytes.
-                unsafe {
-                    ptr::copy_nonoverlapping(header as *const u8, b, header_size);
-                    if payload_size > 0 && pack(conv, b.add(header_size), payload_size).is_err() {
-                        return sys::OPAL_ERROR; // the slot is dropped unsent
-                    }
-                }
-                slot.commit(total, tag);
-                return sys::OPAL_SUCCESS;
-            }
-        }
-        if total > state.frag_payload || state.has_pending.load(Ordering::Relaxed) {
-            return busy();
-        }
-        // Small enough to inject: built on the stack, no fragment taken from (and
-        // given back to) the free list, whose lock is most of a small send's cost.
-        if HDR + total <= state.inject_size.min(INLINE_MAX) && state.send_window == 0 {
-            let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
-            let b = buf.as_mut_ptr() as *mut u8;
-            let h = AmHeader {
+        let Some(peer) = peer else {
+            return sys::OPAL_ERR_BAD_PARAM;
+        };
+        sendi(
+            module,
+            peer,
+            Sendi {
+                conv,
+                header,
+                payload_size,
+                order,
+                flags,
                 tag,
+            },
+            descriptor,
+        )
+    })
+}
+
+/// What `sendi` sends: ob1's header, then `payload_size` bytes packed from `conv`.
+struct Sendi<'a> {
+    conv: Option<Convertor>,
+    header: &'a [u8],
+    payload_size: usize,
+    order: u8,
+    flags: u32,
+    tag: u8,
+}
+
+impl Sendi<'_> {
+    fn total(&self) -> usize {
+        self.header.len() + self.payload_size
+    }
+
+    /// Header and packed payload into `dst` (`total()` bytes).
+    fn write(&self, dst: &mut [u8]) -> Result<(), c_int> {
+        let (h, rest) = dst.split_at_mut(self.header.len());
+        h.copy_from_slice(self.header);
+        if self.payload_size > 0 {
+            pack(self.conv, &mut rest[..self.payload_size])?;
+        }
+        Ok(())
+    }
+}
+
+fn sendi(
+    module: &'static Module,
+    peer: &PeerEp,
+    msg: Sendi<'_>,
+    descriptor: Option<&mut *mut sys::mca_btl_base_descriptor_t>,
+) -> c_int {
+    let state = &module.state;
+    let total = msg.total();
+    let ep = peer.as_endpoint();
+    let busy = |descriptor: Option<&mut *mut sys::mca_btl_base_descriptor_t>| {
+        if let Some(d) = descriptor {
+            *d = alloc(module, ep, msg.order, total, msg.flags);
+        }
+        sys::OPAL_ERR_RESOURCE_BUSY
+    };
+    if let Some(tx) = peer.fbox.as_ref() {
+        if total <= tx.max() {
+            // With fragments waiting for this peer's box, or the box full, ob1 sends
+            // it with `btl_send`, which queues it in order (`fbox_send`).
+            if peer.fbox_waiting.load(Ordering::Acquire) > 0 {
+                return busy(descriptor);
+            }
+            let Some(mut slot) = tx.reserve(total) else {
+                return busy(descriptor);
+            };
+            if msg.write(slot.payload_mut()).is_err() {
+                return sys::OPAL_ERROR; // the slot is dropped unsent
+            }
+            slot.commit(total, msg.tag);
+            return sys::OPAL_SUCCESS;
+        }
+    }
+    if total > state.frag_payload || state.has_pending.load(Ordering::Relaxed) {
+        return busy(descriptor);
+    }
+    // Small enough to inject: built on the stack, no fragment taken from (and
+    // given back to) the free list, whose lock is most of a small send's cost.
+    if HDR + total <= state.inject_size.min(INLINE_MAX) && state.send_window == 0 {
+        let sent = crate::fabric::buffer::with_stack_bytes::<INLINE_MAX, _>(HDR + total, |b| {
+            let h = AmHeader {
+                tag: msg.tag,
                 len: total as u32,
             }
             .encode();
-            // SAFETY: b has room for HDR + total bytes; header is valid for header_size.
-            unsafe {
-                ptr::copy_nonoverlapping(h.as_ptr(), b, HDR);
-                ptr::copy_nonoverlapping(header as *const u8, b.add(HDR), header_size);
-                if payload_size > 0 && pack(conv, b.add(HDR + header_size), payload_size).is_err() {
-                    return sys::OPAL_ERROR;
+            b[..HDR].copy_from_slice(&h);
+            msg.write(&mut b[HDR..])
+                .map(|()| state.fi(|| state.tx().inject_bytes(b, state.to(peer.addr))))
+        });
+        match sent {
+            Err(_) => return sys::OPAL_ERROR,
+            Ok(Ok(())) => return sys::OPAL_SUCCESS,
+            // Never queued here: see the function's documentation.
+            Ok(Err(Error::AGAIN)) => return busy(descriptor),
+            Ok(Err(e)) => return e.to_opal(),
+        }
+    }
+    let Some(mut f) = get_frag(state) else {
+        return busy(descriptor);
+    };
+    if msg.write(&mut f.payload_mut(0)[..total]).is_err() {
+        put_frag(state, f);
+        return sys::OPAL_ERROR;
+    }
+    f.prime(
+        ep,
+        msg.order,
+        msg.flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
+        total,
+    );
+    f.write_header(msg.tag);
+    match post(state, f) {
+        Posted::Injected(f) => {
+            put_frag(state, f);
+            sys::OPAL_SUCCESS
+        }
+        Posted::InFlight => sys::OPAL_SUCCESS,
+        Posted::Refused(mut f, Error::AGAIN) => {
+            // Never queued here: see the function's documentation. The fragment
+            // becomes the descriptor ob1 asked for (ob1 resets its convertor and
+            // packs into it again), as `btl_alloc` would have made it.
+            match descriptor {
+                None => put_frag(state, f),
+                Some(d) => {
+                    f.prime(ep, msg.order, msg.flags, total);
+                    *d = f.into_descriptor();
                 }
             }
-            // SAFETY: endpoint came from add_procs.
-            let dest = unsafe { (*(ep as *mut PeerEp)).addr };
-            // SAFETY: the first HDR + total bytes of b are written; inject copies them.
-            match state.fi(|| unsafe {
-                state
-                    .tx()
-                    .inject(b as *const c_void, HDR + total, state.to(dest))
-            }) {
-                Ok(()) => return sys::OPAL_SUCCESS,
-                // Never queued here: see the function's documentation.
-                Err(Error::AGAIN) => return busy(),
-                Err(e) => return e.to_opal(),
-            }
+            sys::OPAL_ERR_RESOURCE_BUSY
         }
-        let Some(f) = get_frag(state) else {
-            return busy();
-        };
-        // SAFETY: f is free with room for total payload bytes; header is valid for
-        // header_size bytes.
-        unsafe {
-            ptr::copy_nonoverlapping(header as *const u8, (*f).buf.add(HDR), header_size);
-            if payload_size > 0
-                && pack(conv, (*f).buf.add(HDR + header_size), payload_size).is_err()
-            {
-                put_frag(state, f);
-                return sys::OPAL_ERROR;
-            }
-            prime(
-                f,
-                ep,
-                order,
-                flags | sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
-                total,
-            );
-            write_header(f, tag);
+        Posted::Refused(f, e) => {
+            put_frag(state, f);
+            e.to_opal()
         }
-        // SAFETY: f is primed with its header.
-        match unsafe { post(state, f) } {
-            Ok(true) => {
-                put_frag(state, f);
-                sys::OPAL_SUCCESS
-            }
-            Ok(false) => sys::OPAL_SUCCESS,
-            Err(Error::AGAIN) => {
-                // Never queued here: see the function's documentation. The fragment
-                // becomes the descriptor ob1 asked for (ob1 resets its convertor and
-                // packs into it again), as `btl_alloc` would have made it.
-                if descriptor.is_null() {
-                    put_frag(state, f);
-                } else {
-                    // SAFETY: f is ours, not posted; descriptor is a valid out pointer.
-                    unsafe {
-                        prime(f, ep, order, flags, total);
-                        *descriptor = &mut (*f).base;
-                    }
-                }
-                sys::OPAL_ERR_RESOURCE_BUSY
-            }
-            Err(e) => {
-                put_frag(state, f);
-                e.to_opal()
-            }
-        }
-    })
+    }
 }

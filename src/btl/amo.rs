@@ -24,9 +24,12 @@
 //! (`provider_atomics.rs`), the reads of puts by read (`put_by_read.rs`).
 
 use super::am;
-use super::module::{lock, Module};
-use super::registration::{Handle, Registration};
+use super::module::{lock, Module, PeerEp};
+use super::rdma::Req;
+use super::registration::{Registration, HANDLE};
+use super::resolve::Again;
 use crate::common::IdMap;
+use crate::ompi::btl::{rdma_args, RdmaCallback};
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
@@ -266,72 +269,70 @@ fn op_code(op: Op) -> u32 {
     }
 }
 
-/// Apply `kind` to the `width`-byte word at `addr`; returns the previous value
-/// (for 32 bits in the low 4 bytes, which is what the BTL hands back).
-///
-/// # Safety
-/// `addr` is aligned to `width` and `width` bytes there are mapped, writable memory
-/// that other parties only access atomically.
-unsafe fn apply(kind: AtomicKind, width: usize, addr: usize, operand: u64, compare: u64) -> u64 {
-    if width == 4 {
-        // SAFETY: caller's contract.
-        let a = unsafe { AtomicI32::from_ptr(addr as *mut i32) };
-        let (v, c) = (operand as i32, compare as i32);
-        let old = match kind {
-            AtomicKind::Cswap => {
-                match a.compare_exchange(c, v, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(o) | Err(o) => o,
+/// The word an atomic request targets: 4 or 8 bytes.
+pub(super) enum Word<'a> {
+    W32(&'a AtomicI32),
+    W64(&'a AtomicI64),
+}
+
+/// Apply `kind` to `word`; returns the previous value (for 32 bits in the low 4
+/// bytes, which is what the BTL hands back).
+fn apply(kind: AtomicKind, word: Word<'_>, operand: u64, compare: u64) -> u64 {
+    match word {
+        Word::W32(a) => {
+            let (v, c) = (operand as i32, compare as i32);
+            let old = match kind {
+                AtomicKind::Cswap => {
+                    match a.compare_exchange(c, v, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(o) | Err(o) => o,
+                    }
                 }
-            }
-            AtomicKind::Op(op) | AtomicKind::Fop(op) => {
-                match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
-                    Some(op.apply(o as i64, v as i64) as i32)
-                }) {
-                    Ok(o) | Err(o) => o,
+                AtomicKind::Op(op) | AtomicKind::Fop(op) => {
+                    match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                        Some(op.apply(o as i64, v as i64) as i32)
+                    }) {
+                        Ok(o) | Err(o) => o,
+                    }
                 }
-            }
-        };
-        old as u32 as u64
-    } else {
-        // SAFETY: caller's contract.
-        let a = unsafe { AtomicI64::from_ptr(addr as *mut i64) };
-        let (v, c) = (operand as i64, compare as i64);
-        let old = match kind {
-            AtomicKind::Cswap => {
-                match a.compare_exchange(c, v, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(o) | Err(o) => o,
+            };
+            old as u32 as u64
+        }
+        Word::W64(a) => {
+            let (v, c) = (operand as i64, compare as i64);
+            let old = match kind {
+                AtomicKind::Cswap => {
+                    match a.compare_exchange(c, v, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(o) | Err(o) => o,
+                    }
                 }
-            }
-            AtomicKind::Op(op) | AtomicKind::Fop(op) => {
-                match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
-                    Some(op.apply(o, v))
-                }) {
-                    Ok(o) | Err(o) => o,
+                AtomicKind::Op(op) | AtomicKind::Fop(op) => {
+                    match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                        Some(op.apply(o, v))
+                    }) {
+                        Ok(o) | Err(o) => o,
+                    }
                 }
-            }
-        };
-        old as u64
+            };
+            old as u64
+        }
     }
 }
 
 /// An operation waiting for its reply.
 pub(super) struct Pending {
-    pub(super) mp: *mut Module,
-    pub(super) endpoint: *mut sys::mca_btl_base_endpoint_t,
-    pub(super) local_address: *mut c_void,
-    pub(super) local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    pub(super) cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    pub(super) cbcontext: *mut c_void,
-    pub(super) cbdata: *mut c_void,
-    /// Bytes of result to write at `local_address` (0: not fetching).
+    pub(super) module: &'static Module,
+    pub(super) cb: RdmaCallback,
+    /// Bytes of result to write at the caller's local address (0: not fetching).
     pub(super) result_width: usize,
-    /// A put's registration of its source buffer (null for an atomic), given back at
+    /// A put's registration of its source buffer (an atomic has none), given back at
     /// the reply.
-    pub(super) reg: *mut Registration,
+    pub(super) reg: Option<Box<Registration>>,
 }
 
-// SAFETY: the pointers are Open MPI's, handed to us for the duration of the operation;
-// the entry is only used by the one thread that takes it out of the table.
+// SAFETY: the module lives until teardown, which drops its entries first
+// (`forget_module`); the callback's pointers are Open MPI's, valid until it is called
+// (`RdmaCallback`); the registration is boxed and ours. An entry is used only by the
+// thread that takes it out of the table.
 unsafe impl Send for Pending {}
 
 /// Registered ranges per (module, key): what a peer may target.
@@ -341,36 +342,42 @@ pub(super) static PENDING: Mutex<Option<IdMap<u64, Pending>>> = Mutex::new(None)
 static REGIONS: Mutex<Option<Ranges>> = Mutex::new(None);
 pub(super) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// What the tables know a module by.
+fn id_of(module: &Module) -> usize {
+    module as *const Module as usize
+}
+
 /// A registration handed to Open MPI (`register_mem`): peers may now target it.
-pub fn note_region(module: *mut Module, key: u64, base: usize, len: usize) {
+pub fn note_region(module: &Module, key: u64, base: usize, len: usize) {
     lock(&REGIONS)
         .get_or_insert_with(IdMap::default)
-        .entry((module as usize, key))
+        .entry((id_of(module), key))
         .or_default()
         .push((base, len));
 }
 
 /// The registration was given back (`deregister_mem`).
-pub fn forget_region(module: *mut Module, key: u64, base: usize, len: usize) {
+pub fn forget_region(module: &Module, key: u64, base: usize, len: usize) {
     let mut g = lock(&REGIONS);
     let Some(map) = g.as_mut() else { return };
-    if let Some(v) = map.get_mut(&(module as usize, key)) {
+    let id = (id_of(module), key);
+    if let Some(v) = map.get_mut(&id) {
         if let Some(i) = v.iter().position(|&r| r == (base, len)) {
             v.swap_remove(i);
         }
         if v.is_empty() {
-            map.remove(&(module as usize, key));
+            map.remove(&id);
         }
     }
 }
 
 /// Whether `[addr, addr + width)` lies in a range registered under `key`.
-fn target_ok(module: *mut Module, key: u64, addr: u64, width: usize) -> bool {
+fn target_ok(module: &Module, key: u64, addr: u64, width: usize) -> bool {
     if addr == 0 || !addr.is_multiple_of(width as u64) {
         return false;
     }
     let g = lock(&REGIONS);
-    let Some(v) = g.as_ref().and_then(|m| m.get(&(module as usize, key))) else {
+    let Some(v) = g.as_ref().and_then(|m| m.get(&(id_of(module), key))) else {
         return false;
     };
     let (a, w) = (addr as usize, width);
@@ -379,9 +386,9 @@ fn target_ok(module: *mut Module, key: u64, addr: u64, width: usize) -> bool {
 }
 
 /// Whether `[addr, addr + len)` lies in one range registered under `key`.
-pub(super) fn range_ok(module: *mut Module, key: u64, addr: u64, len: u64) -> bool {
+pub(super) fn range_ok(module: &Module, key: u64, addr: u64, len: u64) -> bool {
     let g = lock(&REGIONS);
-    let Some(v) = g.as_ref().and_then(|m| m.get(&(module as usize, key))) else {
+    let Some(v) = g.as_ref().and_then(|m| m.get(&(id_of(module), key))) else {
         return false;
     };
     let Some(end) = addr.checked_add(len) else {
@@ -393,12 +400,13 @@ pub(super) fn range_ok(module: *mut Module, key: u64, addr: u64, len: u64) -> bo
 }
 
 /// Drop every record of `module` (finalize).
-pub fn forget_module(module: *mut Module) {
+pub fn forget_module(module: &Module) {
+    let id = id_of(module);
     if let Some(m) = lock(&REGIONS).as_mut() {
-        m.retain(|&(k, _), _| k != module as usize);
+        m.retain(|&(k, _), _| k != id);
     }
     if let Some(p) = lock(&PENDING).as_mut() {
-        p.retain(|_, op| op.mp != module);
+        p.retain(|_, op| id_of(op.module) != id);
     }
 }
 
@@ -410,110 +418,82 @@ pub(super) fn my_name() -> (u32, u32) {
 /// Send `bytes` under `tag` to `ep`. The fragment is the BTL's; it is recycled at its
 /// completion.
 pub(super) fn send(
-    module: *mut Module,
+    module: &'static Module,
     ep: *mut sys::mca_btl_base_endpoint_t,
     tag: u8,
     bytes: &[u8],
 ) -> c_int {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
-    let Some(f) = am::frag::get_frag(state) else {
+    let Some(mut f) = am::frag::get_frag(&module.state) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
-    // SAFETY: f is a free fragment with room for frag_payload >= REQ_LEN bytes.
-    unsafe {
-        am::frag::prime(
-            f,
-            ep,
-            sys::MCA_BTL_NO_ORDER as u8,
-            sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
-            bytes.len(),
-        );
-        ptr::copy_nonoverlapping(bytes.as_ptr(), (*f).buf.add(am::wire::HDR), bytes.len());
-        am::frag::write_header(f, tag);
-        am::send::send_frag(module, f).min(sys::OPAL_SUCCESS)
-    }
+    // A free fragment has room for frag_payload >= REQ_LEN bytes.
+    f.prime(
+        ep,
+        sys::MCA_BTL_NO_ORDER as u8,
+        sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP,
+        bytes.len(),
+    );
+    f.payload_mut(0)[..bytes.len()].copy_from_slice(bytes);
+    f.write_header(tag);
+    am::send::send_frag(module, f).min(sys::OPAL_SUCCESS)
 }
 
-/// Post one emulated atomic.
-#[allow(clippy::too_many_arguments)]
+/// Check and hold (`resolve`) an emulated atomic, then post it.
 fn start(
-    btl: *mut sys::mca_btl_base_module_t,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    remote_address: u64,
-    remote_handle: *mut sys::mca_btl_base_registration_handle_t,
+    r: Req,
     kind: AtomicKind,
     flags: c_int,
     operand: u64,
     compare: u64,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
-    again: super::resolve::Again,
+    again: Again,
 ) -> c_int {
     if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
         return super::provider_atomics::UNSUPPORTED;
     }
-    if endpoint.is_null() || remote_handle.is_null() {
+    if r.peer.is_none() || r.handle.is_none() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    let mut r = super::rdma::Req {
-        mp: btl as *mut Module,
-        endpoint,
-        local_address,
-        local_handle,
-        remote_address,
-        remote_handle,
-        handle: Handle::default(),
-        cbfunc,
-        cbcontext,
-        cbdata,
-    };
+    let mut r = r;
     if let Some(rc) = super::resolve::hold_if_stale(&mut r, again) {
         return rc;
     }
-    let width = if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
-        4
-    } else {
-        8
+    emit(r, kind, flags, operand, compare)
+}
+
+/// Send the request of an emulated atomic (its handle checked by `resolve`).
+fn emit(r: Req, kind: AtomicKind, flags: c_int, operand: u64, compare: u64) -> c_int {
+    let (Some(peer), Some(handle)) = (r.peer, r.handle) else {
+        return sys::OPAL_ERR_BAD_PARAM;
     };
+    let width = width_of(flags);
     let fetching = !matches!(kind, AtomicKind::Op(_));
-    if fetching && local_address.is_null() {
+    if fetching && r.cb.local_address().is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    let module = btl as *mut Module;
-    let key = r.handle.key;
+    let module = r.module;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let req = Request {
         kind,
         width,
         origin: my_name(),
         id,
-        addr: remote_address,
-        key,
+        addr: r.remote_address,
+        key: handle.key,
         operand,
         compare,
     };
     lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
-            mp: module,
-            endpoint,
-            local_address,
-            local_handle,
-            cbfunc,
-            cbcontext,
-            cbdata,
+            module,
+            cb: r.cb,
             result_width: if fetching { width } else { 0 },
-            reg: ptr::null_mut(),
+            reg: None,
         },
     );
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+    let state = &module.state;
     state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let rc = send(module, endpoint, TAG_REQ, &req.encode());
+    let rc = send(module, peer.as_endpoint(), TAG_REQ, &req.encode());
     if rc != sys::OPAL_SUCCESS {
         state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if let Some(p) = lock(&PENDING).as_mut() {
@@ -530,13 +510,32 @@ fn start(
     sys::OPAL_SUCCESS
 }
 
+/// Reissue a held emulated atomic with the handle found (`resolve`).
+pub(super) fn reissue(r: Req, again: Again) -> c_int {
+    let (kind, flags, operand, compare) = match again {
+        Again::Op { op, operand, flags } => match Op::from_btl(op) {
+            Some(o) => (AtomicKind::Op(o), flags, operand, 0),
+            None => return super::provider_atomics::UNSUPPORTED,
+        },
+        Again::Fop { op, operand, flags } => match Op::from_btl(op) {
+            Some(o) => (AtomicKind::Fop(o), flags, operand, 0),
+            None => return super::provider_atomics::UNSUPPORTED,
+        },
+        Again::Cswap {
+            compare,
+            value,
+            flags,
+        } => (AtomicKind::Cswap, flags, value, compare),
+        Again::Put { .. } | Again::Get { .. } => return sys::OPAL_ERR_BAD_PARAM,
+    };
+    if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_FLOAT != 0 {
+        return super::provider_atomics::UNSUPPORTED;
+    }
+    emit(r, kind, flags, operand, compare)
+}
+
 /// A request or reply arrived (called from the receive path for our two tags).
-///
-/// # Safety
-/// `module` is live; `payload` holds `len` received bytes.
-pub unsafe fn on_message(module: *mut Module, tag: u8, payload: *const u8, len: usize) {
-    // SAFETY: caller's contract.
-    let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
+pub fn on_message(module: &'static Module, tag: u8, bytes: &[u8]) {
     if tag == TAG_REQ {
         on_request(module, bytes);
     } else {
@@ -546,9 +545,8 @@ pub unsafe fn on_message(module: *mut Module, tag: u8, payload: *const u8, len: 
 
 /// An atomic request arrived: apply it (where its target is registered) and answer
 /// with the previous value.
-fn on_request(module: *mut Module, bytes: &[u8]) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+fn on_request(module: &'static Module, bytes: &[u8]) {
+    let state = &module.state;
     let req = match Request::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -570,18 +568,21 @@ fn on_request(module: *mut Module, bytes: &[u8]) {
         return;
     };
     let (old, status) = if target_ok(module, req.key, req.addr, req.width) {
-        // SAFETY: the word lies in memory this process registered for remote
-        // access and has not deregistered, aligned to its width.
-        let old = unsafe {
-            apply(
-                req.kind,
-                req.width,
-                req.addr as usize,
-                req.operand,
-                req.compare,
-            )
+        let addr = req.addr as usize;
+        // SAFETY: target_ok found the word in memory this process registered for
+        // remote access (register_mem) and has not deregistered, aligned to its width;
+        // peers and this process's own CPU atomics reach it only atomically.
+        let word = unsafe {
+            if req.width == 4 {
+                Word::W32(AtomicI32::from_ptr(addr as *mut i32))
+            } else {
+                Word::W64(AtomicI64::from_ptr(addr as *mut i64))
+            }
         };
-        (old, sys::OPAL_SUCCESS)
+        (
+            apply(req.kind, word, req.operand, req.compare),
+            sys::OPAL_SUCCESS,
+        )
     } else {
         log::warn!(
             "refusing an atomic on {:#x} (key {:#x}, {} bytes) from process {}: not in a registered region",
@@ -597,7 +598,7 @@ fn on_request(module: *mut Module, bytes: &[u8]) {
         old,
         status,
     };
-    let rc = send(module, ep as *mut _, TAG_REP, &rep.encode());
+    let rc = send(module, ep, TAG_REP, &rep.encode());
     if rc != sys::OPAL_SUCCESS {
         log::error!(
             "cannot answer an atomic request on {} ({rc}): the initiator will wait",
@@ -607,9 +608,8 @@ fn on_request(module: *mut Module, bytes: &[u8]) {
 }
 
 /// A reply arrived: complete the atomic (or the put by read) waiting for it.
-fn on_reply(module: *mut Module, bytes: &[u8]) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+fn on_reply(module: &'static Module, bytes: &[u8]) {
+    let state = &module.state;
     let rep = match Reply::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -628,58 +628,47 @@ fn on_reply(module: *mut Module, bytes: &[u8]) {
         );
         return;
     };
-    if p.mp != module {
+    if id_of(p.module) != id_of(module) {
         log::warn!("an atomic reply arrived on another module than its request");
     }
-    if !p.reg.is_null() {
-        // SAFETY: the put's registration; its read is over (the reply says so).
-        unsafe { super::registration::deregister(&(*p.mp).state, p.reg) };
+    if let Some(reg) = p.reg {
+        // The put's registration; its read is over (the reply says so).
+        super::registration::deregister(&p.module.state, reg);
     }
     if rep.status == sys::OPAL_SUCCESS && p.result_width > 0 {
-        // SAFETY: the caller's result buffer holds result_width bytes until we
-        // call back (little-endian: the first bytes are the 32-bit value).
-        unsafe {
-            ptr::copy_nonoverlapping(
-                rep.old.to_le_bytes().as_ptr(),
-                p.local_address as *mut u8,
-                p.result_width,
-            )
-        };
+        // Little-endian: the first bytes are the 32-bit value.
+        p.cb.write_result(&rep.old.to_le_bytes()[..p.result_width]);
     }
     let status = if rep.status == sys::OPAL_SUCCESS {
         sys::OPAL_SUCCESS
     } else {
         sys::OPAL_ERROR
     };
-    if let Some(cb) = p.cbfunc {
-        // SAFETY: the caller's callback with its own arguments.
-        unsafe {
-            cb(
-                module as *mut _,
-                p.endpoint,
-                p.local_address,
-                p.local_handle,
-                p.cbcontext,
-                p.cbdata,
-                status,
-            )
-        };
-    }
+    p.cb.complete(module.btl(), status);
     state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The endpoint of process `origin` on `module`.
 pub(super) fn origin_ep(
-    module: *mut Module,
+    module: &'static Module,
     origin: (u32, u32),
-) -> Option<*mut super::module::PeerEp> {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
-    lock(&state.peers).iter().copied().find(|&pe| {
-        // SAFETY: listed peers are live until del_procs.
-        let n = unsafe { (*(*pe).proc_).proc_name };
-        (n.jobid, n.vpid) == origin
-    })
+) -> Option<*mut sys::mca_btl_base_endpoint_t> {
+    lock(&module.state.peers)
+        .iter()
+        .find(|pe| {
+            let n = pe.proc_.name();
+            (n.jobid, n.vpid) == origin
+        })
+        .map(|pe| PeerEp::as_endpoint(pe))
+}
+
+/// The width of the operands an atomic with `flags` works on.
+fn width_of(flags: c_int) -> usize {
+    if flags as u32 & sys::MCA_BTL_ATOMIC_FLAG_32BIT != 0 {
+        4
+    } else {
+        8
+    }
 }
 
 pub(crate) extern "C" fn btl_atomic_op(
@@ -699,21 +688,29 @@ pub(crate) extern "C" fn btl_atomic_op(
         let Some(o) = Op::from_btl(op) else {
             return super::provider_atomics::UNSUPPORTED;
         };
+        // SAFETY: the arguments of osc's atomic_op, as the BTL interface defines them
+        // (no local buffer).
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                ptr::null_mut(),
+                width_of(flags),
+                ptr::null_mut(),
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
+        };
+        let r = Req::new(args, remote_address);
         start(
-            btl,
-            endpoint,
-            ptr::null_mut(),
-            ptr::null_mut(),
-            remote_address,
-            remote_handle,
+            r,
             AtomicKind::Op(o),
             flags,
             operand,
             0,
-            cbfunc,
-            cbcontext,
-            cbdata,
-            super::resolve::Again::Op { op, operand, flags },
+            Again::Op { op, operand, flags },
         )
     })
 }
@@ -737,21 +734,29 @@ pub(crate) extern "C" fn btl_atomic_fop(
         let Some(o) = Op::from_btl(op) else {
             return super::provider_atomics::UNSUPPORTED;
         };
+        // SAFETY: the arguments of osc's atomic_fop, as the BTL interface defines them:
+        // the local buffer has room for the result until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                width_of(flags),
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
+        };
+        let r = Req::new(args, remote_address);
         start(
-            btl,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
+            r,
             AtomicKind::Fop(o),
             flags,
             operand,
             0,
-            cbfunc,
-            cbcontext,
-            cbdata,
-            super::resolve::Again::Fop { op, operand, flags },
+            Again::Fop { op, operand, flags },
         )
     })
 }
@@ -772,26 +777,28 @@ pub(crate) extern "C" fn btl_atomic_cswap(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_cswap (am)", sys::OPAL_ERROR, || {
-        start(
-            btl,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            AtomicKind::Cswap,
-            flags,
-            value,
+        // SAFETY: the arguments of osc's atomic_cswap, as the BTL interface defines
+        // them: the local buffer has room for the result until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                width_of(flags),
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
+        };
+        let r = Req::new(args, remote_address);
+        let again = Again::Cswap {
             compare,
-            cbfunc,
-            cbcontext,
-            cbdata,
-            super::resolve::Again::Cswap {
-                compare,
-                value,
-                flags,
-            },
-        )
+            value,
+            flags,
+        };
+        start(r, AtomicKind::Cswap, flags, value, compare, again)
     })
 }
 
@@ -864,25 +871,22 @@ mod tests {
 
     #[test]
     fn cpu_atomics_on_32_and_64_bits() {
-        let mut w64: i64 = 10;
-        let mut w32: i32 = -4;
-        // SAFETY: aligned locals, only touched here.
-        unsafe {
-            let a = &mut w64 as *mut i64 as usize;
-            assert_eq!(apply(AtomicKind::Fop(Op::Add), 8, a, 5, 0), 10);
-            assert_eq!(apply(AtomicKind::Cswap, 8, a, 1, 15), 15);
-            assert_eq!(apply(AtomicKind::Cswap, 8, a, 2, 15), 1);
-            let b = &mut w32 as *mut i32 as usize;
-            assert_eq!(
-                apply(AtomicKind::Op(Op::Max), 4, b, 3, 0),
-                (-4i32) as u32 as u64
-            );
-            assert_eq!(
-                apply(AtomicKind::Fop(Op::Min), 4, b, (-9i32) as u32 as u64, 0),
-                3
-            );
-        }
-        assert_eq!(w64, 1);
-        assert_eq!(w32, -9);
+        let w64 = AtomicI64::new(10);
+        let w32 = AtomicI32::new(-4);
+        let a = || Word::W64(&w64);
+        assert_eq!(apply(AtomicKind::Fop(Op::Add), a(), 5, 0), 10);
+        assert_eq!(apply(AtomicKind::Cswap, a(), 1, 15), 15);
+        assert_eq!(apply(AtomicKind::Cswap, a(), 2, 15), 1);
+        let b = || Word::W32(&w32);
+        assert_eq!(
+            apply(AtomicKind::Op(Op::Max), b(), 3, 0),
+            (-4i32) as u32 as u64
+        );
+        assert_eq!(
+            apply(AtomicKind::Fop(Op::Min), b(), (-9i32) as u32 as u64, 0),
+            3
+        );
+        assert_eq!(w64.into_inner(), 1);
+        assert_eq!(w32.into_inner(), -9);
     }
 }

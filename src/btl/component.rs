@@ -31,14 +31,12 @@ pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
 
 /// The component header, for the modex and parameter registration.
 pub fn component() -> &'static sys::mca_base_component_t {
-    // SAFETY: the exported static lives as long as the library; Open MPI only writes
-    // to it during MCA open/close, never while we hold this reference for a call.
-    unsafe { &*component_ptr() }
+    crate::ompi::btl::component_header(&mca_btl_ofi_component)
 }
 
 pub fn component_ptr() -> *const sys::mca_base_component_t {
-    // SAFETY: taking the address of a field of our static; nothing is dereferenced.
-    unsafe { &raw const (*mca_btl_ofi_component.get()).btl_version }
+    // `btl_version` is the first field of the `#[repr(C)]` component struct.
+    mca_btl_ofi_component.get() as *const sys::mca_base_component_t
 }
 
 extern "C" fn register() -> i32 {
@@ -80,9 +78,9 @@ extern "C" fn init(
                 (std::ptr::null_mut(), 0)
             }
         };
-        if !num_btls.is_null() {
-            // SAFETY: Open MPI passes a valid out pointer.
-            unsafe { *num_btls = n };
+        // SAFETY: Open MPI passes a null or valid out pointer for the module count.
+        if let Some(count) = unsafe { num_btls.as_mut() } {
+            *count = n;
         }
         modules
     })

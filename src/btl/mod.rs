@@ -19,6 +19,12 @@
 //! - `resolve` re-targets operations whose remote handle does not cover them (an osc
 //!   rdma race), `rcache` the registration cache, `stats` its counters and the RDMA
 //!   counters as MPI_T performance variables.
+//!
+//! Unsafe code: each entry point Open MPI calls turns its pointers into types in one
+//! block (`ompi::btl`: the module, the peer, an RDMA call's arguments; a fragment's
+//! box), and progress turns each completion's context back into its owner; past those
+//! the paths post through `fabric`'s typed methods and call Open MPI through
+//! `ompi::btl`.
 pub mod am;
 pub mod amo;
 pub mod component;

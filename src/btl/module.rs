@@ -24,25 +24,34 @@ use super::rdma;
 use super::registration;
 use crate::common::sync::{MaybeLock, Serial};
 use crate::common::{fbox, release, DomainHandle, IdMap};
-use crate::fabric::{AddressVector, CompletionQueue, Endpoint, MemoryRegion};
+use crate::fabric::{AddressVector, Buffer, CompletionQueue, Endpoint, MemoryRegion};
+use crate::ompi::proc::OpalProc;
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::collections::VecDeque;
-use std::os::raw::c_void;
-use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use crate::common::sync::lock;
 
-/// What `add_procs` hands Open MPI as `mca_btl_base_endpoint_t`.
+/// What `add_procs` hands Open MPI as `mca_btl_base_endpoint_t`. Boxed in
+/// `State::peers` from `add_procs` until `del_procs` (or teardown), which Open MPI
+/// calls only once its operations to the peer are over.
 pub struct PeerEp {
     pub addr: fi::fi_addr_t,
-    pub proc_: *mut sys::opal_proc_t,
+    pub proc_: OpalProc,
     /// The ring claimed in the peer's fast-box segment (`common::fbox`), if any.
     pub fbox: Option<fbox::Tx>,
     /// Fragments to this peer waiting in `State::fbox_queue` (sent in order after them).
     pub fbox_waiting: AtomicUsize,
+}
+
+impl PeerEp {
+    /// The endpoint Open MPI passes back for this peer.
+    #[inline(always)]
+    pub fn as_endpoint(&self) -> *mut sys::mca_btl_base_endpoint_t {
+        self as *const PeerEp as *mut sys::mca_btl_base_endpoint_t
+    }
 }
 
 /// The module: Open MPI's struct first (Open MPI holds a pointer to it), our state after.
@@ -50,6 +59,14 @@ pub struct PeerEp {
 pub struct Module {
     pub sup: sys::mca_btl_base_module_t,
     pub state: State,
+}
+
+impl Module {
+    /// The pointer Open MPI knows this module by, for callbacks.
+    #[inline(always)]
+    pub fn btl(&self) -> *mut sys::mca_btl_base_module_t {
+        self as *const Module as *mut sys::mca_btl_base_module_t
+    }
 }
 
 /// Everything the data paths need.
@@ -106,9 +123,9 @@ pub struct State {
     pub multi_recv: bool,
     pub num_cq_read: usize,
     pub progress_threshold: usize,
-    pub frags: Mutex<Vec<*mut Frag>>,
+    pub frags: Mutex<Vec<Box<Frag>>>,
     /// Sends that met -FI_EAGAIN (or queued behind one), posted again by progress.
-    pub pending: Mutex<VecDeque<*mut Frag>>,
+    pub pending: Mutex<VecDeque<Box<Frag>>>,
     /// Mirrors `!pending.is_empty()`; only written with `pending` locked.
     pub has_pending: AtomicBool,
     /// Sends with a completion in flight at most (0: no limit); where set, nothing is
@@ -119,8 +136,8 @@ pub struct State {
     pub recv_bufs: Mutex<Vec<*mut RecvBuf>>,
     /// Receive buffers the provider refused to take back, posted again by progress
     /// (`am::recv::post_unposted`).
-    pub unposted: crate::common::sync::Unposted<*mut RecvBuf>,
-    pub peers: Mutex<Vec<*mut PeerEp>>,
+    pub unposted: crate::common::sync::Unposted<am::recv::Idle>,
+    pub peers: Mutex<Vec<Box<PeerEp>>>,
     /// RDMA and atomic operations posted and not completed (flush waits for 0),
     /// including those deferred in `rdma_deferred`.
     pub rdma_outstanding: AtomicUsize,
@@ -135,7 +152,7 @@ pub struct State {
     pub fbox: Option<fbox::Rx>,
     /// Fragments for fast boxes that were full (or had fragments waiting before them),
     /// in order, sent by progress (`am::send::drain_fbox`).
-    pub fbox_queue: Mutex<VecDeque<*mut Frag>>,
+    pub fbox_queue: Mutex<VecDeque<Box<Frag>>>,
     /// Mirrors `!fbox_queue.is_empty()`; only written with it locked.
     pub fbox_queued: AtomicBool,
     /// Fragments received through the fast boxes (those sent are counted per peer,
@@ -148,7 +165,7 @@ pub struct State {
     pub outside: Mutex<IdMap<usize, registration::Handle>>,
     /// The cache's release table, read by progress without the cache's mutex.
     pub rcache_slots: Arc<rcache::Slots>,
-    pub rcache_sub: Option<release::SlotId>,
+    pub rcache_sub: Option<release::Subscription<rcache::Slots>>,
     pub error_cb: Mutex<sys::mca_btl_base_module_error_cb_fn_t>,
     /// Held while one call drains the completion queue.
     pub in_progress: Serial,
@@ -191,12 +208,13 @@ fn thread_number() -> usize {
     })
 }
 
-// SAFETY: the raw pointers (fragments, receive buffers, peers) are owned by the module
-// and only touched under the mutexes above or by the single owner of an operation;
-// libfabric calls are serialised by `fi_lock` below FI_THREAD_SAFE (see module docs).
+// SAFETY: the raw pointers State holds (receive buffers, fragments and peers inside
+// them, Open MPI's error callback) are owned by the module and only followed under
+// the mutexes above or by the single owner of an operation; libfabric calls are
+// serialised by `fi_lock` below FI_THREAD_SAFE (see the module documentation).
 unsafe impl Send for State {}
 
-// SAFETY: as above.
+// SAFETY: the same ownership rules make shared access from several threads sound.
 unsafe impl Sync for State {}
 
 impl State {
@@ -223,30 +241,29 @@ impl State {
         crate::common::endpoint::rx_addr(addr, self.ctx_index(), self.rx_ctx_bits)
     }
 
-    /// Register `[base, base + len)` for this module's access rights, binding it to the
-    /// endpoint when the provider wants `FI_MR_ENDPOINT`.
-    ///
-    /// # Safety
-    /// The memory must stay mapped while the region lives (see `MemoryRegion::register`).
-    pub unsafe fn register(
-        &self,
-        base: *const c_void,
-        len: usize,
-    ) -> crate::fabric::Result<MemoryRegion> {
-        let key = if self.prov_key {
+    /// The key to request for a new registration (ignored with `FI_MR_PROV_KEY`).
+    pub fn next_key(&self) -> u64 {
+        if self.prov_key {
             0
         } else {
             self.next_key.fetch_add(1, Ordering::Relaxed)
-        };
-        // SAFETY: forwarded contract.
-        let mr = unsafe {
-            MemoryRegion::register(self.ep.domain(), base, len, self.mr_access, 0, key, 0)
-        }?;
+        }
+    }
+
+    /// Finish a new registration: bind it to the endpoint and enable it when the
+    /// provider wants `FI_MR_ENDPOINT`.
+    pub fn finish_registration(&self, mr: &MemoryRegion) -> crate::fabric::Result<()> {
         if self.mr_endpoint {
             mr.bind_ep(&self.ep, 0)?;
             mr.enable()?;
         }
-        Ok(mr)
+        Ok(())
+    }
+
+    /// Register `buf` for this module's access rights, kept by the buffer.
+    pub fn register_buffer(&self, buf: &mut Buffer) -> crate::fabric::Result<()> {
+        let mr = buf.register(self.ep.domain(), self.mr_access, self.next_key())?;
+        self.finish_registration(mr)
     }
 
     /// Peers send requests that target this process's registrations (emulated
@@ -272,7 +289,7 @@ impl State {
 
     /// Progress from the send path when too much is outstanding.
     #[inline]
-    pub fn maybe_progress(&self, module: *mut Module) {
+    pub fn maybe_progress(&self, module: &'static Module) {
         let n = self.rdma_outstanding.load(Ordering::Relaxed)
             + self.send_outstanding.load(Ordering::Relaxed);
         if n > self.progress_threshold {
@@ -284,10 +301,21 @@ impl State {
 /// The most modules one process runs: one for every peer, one for on-host peers.
 pub(super) const MAX_MODULES: usize = 2;
 
-/// The running modules (null before init and after finalize); the first reaches
+/// The running modules (none before init and after finalize); the first reaches
 /// every peer.
-pub(super) static MODULES: [AtomicPtr<Module>; MAX_MODULES] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_MODULES];
+pub(super) static MODULES: crate::ompi::btl::Published<Module, MAX_MODULES> =
+    crate::ompi::btl::Published::new();
+
+/// The running modules, the one that reaches every peer first.
+pub(super) fn running() -> impl Iterator<Item = &'static Module> {
+    MODULES.iter()
+}
+
+/// The running module Open MPI knows as `btl`, looked up rather than cast: for the
+/// entry points off the data path (`None`: not one of ours, or not running).
+pub(super) fn running_module(btl: *mut sys::mca_btl_base_module_t) -> Option<&'static Module> {
+    running().find(|m| m.btl() == btl)
+}
 
 /// Which peers a module serves.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -344,19 +372,15 @@ pub(super) fn modex_decode(blob: &[u8], want: u8) -> Option<&[u8]> {
 
 /// The registration cache's counters of the module that reaches every peer.
 pub fn rcache_stats() -> Option<rcache::Stats> {
-    let module = MODULES[0].load(Ordering::Acquire);
-    // SAFETY: module is null or live.
-    unsafe { module.as_ref() }.map(|m| lock(&m.state.rcache).stats())
+    running().next().map(|m| lock(&m.state.rcache).stats())
 }
 
 /// The one-sided operations posted by every running module (`btl_ofi_rdma_*`).
 pub fn op_counts() -> rdma::OpCounts {
     let mut c = [0u64; 5];
     let (mut deferred, mut fbox_sent, mut fbox_received) = (0, 0, 0);
-    for slot in &MODULES {
-        let module = slot.load(Ordering::Acquire);
-        // SAFETY: module is null or live.
-        if let Some(m) = unsafe { module.as_ref() } {
+    for m in running() {
+        {
             for (sum, n) in c.iter_mut().zip(&m.state.ops) {
                 *sum += n.load(Ordering::Relaxed);
             }
@@ -381,8 +405,7 @@ pub fn op_counts() -> rdma::OpCounts {
 pub(super) fn fbox_sent_of(state: &State) -> u64 {
     lock(&state.peers)
         .iter()
-        // SAFETY: listed peers are live.
-        .filter_map(|&p| unsafe { (*p).fbox.as_ref() }.map(fbox::Tx::sent))
+        .filter_map(|p| p.fbox.as_ref().map(fbox::Tx::sent))
         .sum()
 }
 

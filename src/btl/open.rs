@@ -13,7 +13,7 @@ mod objects;
 mod offer;
 
 use super::am;
-use super::module::{lock, modex_encode, Module, Role, State, MAX_MODULES, MODULES};
+use super::module::{lock, modex_encode, Module, Role, State, MODULES};
 use super::teardown::destroy;
 use super::template::{component, param, param_str, TEMPLATE};
 use crate::common::policy::{self, Policy};
@@ -27,12 +27,8 @@ use objects::{Endpoints, Opened};
 use offer::Table;
 use ompi_sys as sys;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
-
-unsafe extern "C" {
-    fn ompi_ofi_btl_glue_job_size() -> u32;
-}
 
 fn progress_of(s: Option<&str>) -> Result<fi::fi_progress, String> {
     match s.unwrap_or("unspec") {
@@ -66,8 +62,7 @@ fn read_config(mpi_threads: bool) -> Result<Config, String> {
         .map_or(Err("the BTL parameters were not registered".into()), |p| {
             p.check()
         })?;
-    let template = TEMPLATE.load(Ordering::Acquire);
-    if template.is_null() {
+    if TEMPLATE.copy().is_none() {
         return Err("the BTL parameters were not registered".into());
     }
     let mode = param(idx::MODE);
@@ -105,13 +100,7 @@ fn read_config(mpi_threads: bool) -> Result<Config, String> {
     fbox::Sizes::new("btl_ofi_fbox_size", fbox, 1)
         .inspect_err(|e| log::warn!("{e}: the ofi BTL declines"))?;
 
-    // SAFETY: opal_process_info and the modex are set up before BTL init.
-    let (local_peers, world) = unsafe {
-        (
-            sys::opal_process_info.num_local_peers,
-            ompi_ofi_btl_glue_job_size(),
-        )
-    };
+    let (local_peers, world) = crate::ompi::btl::job_locality();
     let all_local = world > 0 && local_peers as u64 + 1 >= world as u64;
     Ok(Config {
         contexts,
@@ -130,15 +119,17 @@ fn read_config(mpi_threads: bool) -> Result<Config, String> {
 
 /// Open the module that reaches every peer and, in a job across hosts, the one over
 /// shm for the peers on this host. Returns each with its endpoint name.
-fn open_modules(cfg: &Config) -> Result<Vec<(*mut Module, Vec<u8>)>, String> {
+/// A module opened, with its endpoint name.
+type Named = (Box<Module>, Vec<u8>);
+
+fn open_modules(cfg: &Config) -> Result<Vec<Named>, String> {
     let primary = open_module(cfg, Role::AllPeers)?;
     let mut modules = vec![primary];
     // A job across hosts: on-host peers over shm when the provider lists allow it.
     // The primary module still reaches every peer, so that osc rdma (which needs one
     // BTL reaching all of a window's peers) keeps working; shm wins ob1's sends to
     // on-host peers by exclusivity.
-    // SAFETY: modules[0] is our fresh module.
-    let primary_provider = unsafe { (*modules[0].0).state.provider.clone() };
+    let primary_provider = modules[0].0.state.provider.clone();
     // Other ranks on this node (`local_ranks` counts this one too).
     let local_peers = cfg.local_ranks > 1;
     if !cfg.all_local
@@ -164,42 +155,33 @@ fn open_modules(cfg: &Config) -> Result<Vec<(*mut Module, Vec<u8>)>, String> {
 /// Publish the modules' endpoint names and fast-box segments in the modex, then the
 /// modules themselves (in `MODULES` and the array Open MPI receives); on failure
 /// destroy them.
-fn publish(
-    modules: Vec<(*mut Module, Vec<u8>)>,
-) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
+fn publish(modules: Vec<Named>) -> Result<(*mut *mut sys::mca_btl_base_module_t, i32), String> {
     let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
     for (module, name) in &modules {
-        // SAFETY: every module in the list is ours and live.
-        let state = unsafe { &(*(*module)).state };
+        let state = &module.state;
         records.push((state.role.record(), name.clone()));
         if let Some(rx) = &state.fbox {
             records.push((state.role.fbox_record(), rx.record()));
         }
     }
     let blob = modex_encode(records.iter().map(|(rec, data)| (*rec, data.as_slice())));
-    let publish = modex::send(component(), &blob)
-        .map_err(|rc| format!("publishing the endpoint names through the modex failed ({rc})"));
-    // SAFETY: Open MPI frees the module array with free().
-    let arr = unsafe {
-        libc::malloc(MAX_MODULES * std::mem::size_of::<*mut sys::mca_btl_base_module_t>())
-    } as *mut *mut sys::mca_btl_base_module_t;
-    if publish.is_err() || arr.is_null() {
-        for (module, _) in modules {
-            // SAFETY: nothing else knows module yet.
-            unsafe { destroy(module) };
-        }
-        if !arr.is_null() {
-            // SAFETY: from malloc above, not handed out.
-            unsafe { libc::free(arr.cast()) };
-        }
-        return Err(publish.err().unwrap_or_else(|| "out of memory".into()));
+    if let Err(rc) = modex::send(component(), &blob) {
+        modules.into_iter().for_each(|(m, _)| destroy(m));
+        return Err(format!(
+            "publishing the endpoint names through the modex failed ({rc})"
+        ));
     }
-    for (i, (module, _)) in modules.iter().enumerate() {
-        MODULES[i].store(*module, Ordering::Release);
-        // SAFETY: arr has room for MAX_MODULES pointers.
-        unsafe { *arr.add(i) = *module as *mut sys::mca_btl_base_module_t };
+    let Some(mut arr) = crate::ompi::btl::ModuleArray::new(modules.len()) else {
+        modules.into_iter().for_each(|(m, _)| destroy(m));
+        return Err("out of memory".into());
+    };
+    let n = modules.len();
+    for (i, (m, _)) in modules.into_iter().enumerate() {
+        // Open MPI calls the module through this pointer until it finalizes it, which
+        // gives the box back (teardown).
+        arr.set(i, MODULES.publish(i, m).cast());
     }
-    Ok((arr, modules.len() as i32))
+    Ok((arr.into_raw(), n as i32))
 }
 
 /// What every module of this process shares.
@@ -227,7 +209,7 @@ struct Config {
 /// endpoint and its contexts, the atomics, the number of receive buffers, the module
 /// table, the registration cache, the receive mode, puts by read, fast boxes; then
 /// the module is assembled and its receive buffers posted.
-fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), String> {
+fn open_module(cfg: &Config, role: Role) -> Result<Named, String> {
     let atomics_mode = param(idx::ATOMICS);
     let opened = objects::choose_provider(cfg, role, atomics_mode)?;
     let provider = opened.provider.clone();
@@ -263,14 +245,12 @@ fn open_module(cfg: &Config, role: Role) -> Result<(*mut Module, Vec<u8>), Strin
         &provider,
     );
     if cfg.two_sided {
-        // SAFETY: module is our fresh module.
-        if let Err(err) = unsafe { am::recv::post_receives(module, rd_num as usize) } {
-            // SAFETY: nothing else knows module yet.
-            unsafe { destroy(module) };
+        if let Err(err) = am::recv::post_receives(&module.state, rd_num as usize) {
+            destroy(module);
             return Err(format!("posting receive buffers on {provider}: {err}"));
         }
     }
-    log_opened(module, cfg, asked_atomics, mr_mode, rd_num, nctx);
+    log_opened(&module, cfg, asked_atomics, mr_mode, rd_num, nctx);
     Ok((module, name))
 }
 
@@ -286,7 +266,7 @@ fn assemble_module(
     receives: Receives,
     policy: &Policy,
     provider: &str,
-) -> *mut Module {
+) -> Box<Module> {
     let Opened {
         domain, delivery, ..
     } = opened;
@@ -391,14 +371,14 @@ fn assemble_module(
             domain: Some(domain),
         },
     });
-    Box::into_raw(module)
+    module
 }
 
 /// Say how the module opened: services, limits, receive buffers, atomics, contexts.
 /// `atomics`: the provider's atomics were asked for; `rd_num`: receive buffers per
 /// context; `nctx`: contexts.
 fn log_opened(
-    module: *mut Module,
+    module: &Module,
     cfg: &Config,
     atomics: bool,
     mr_mode: u32,
@@ -411,13 +391,11 @@ fn log_opened(
         all_local,
         ..
     } = *cfg;
-    // SAFETY: module is live; nothing else knows it yet.
-    let state = unsafe { &(*module).state };
+    let state = &module.state;
     let provider = &state.provider;
     let (role, delivery, mr_local, amo) = (state.role, state.delivery, state.mr_local, state.amo);
     let (inject_size, multi_recv) = (state.inject_size, state.multi_recv);
-    // SAFETY: module is live.
-    let m = unsafe { &(*module).sup };
+    let m = &module.sup;
     log::info!(
         "provider {provider}{}: {}{}{}, mr_mode {:#x}{}, inject {inject_size} B, eager {} B, max send {} B, atomics {:#x}{}{}",
         if role == Role::OnHost {

@@ -7,9 +7,10 @@
 //! failing a departing peer's queued fast-box fragments (`am`).
 
 use super::am;
-use super::module::{lock, modex_decode, Module, PeerEp, Role};
+use super::module::{lock, modex_decode, running_module, Module, PeerEp, Role};
 use super::template::component;
 use crate::common::fbox;
+use crate::ompi::btl::Reachable;
 use crate::ompi::component::ffi_guard;
 use crate::ompi::modex;
 use crate::ompi::proc::OpalProc;
@@ -28,24 +29,24 @@ pub(super) extern "C" fn add_procs(
         if nprocs == 0 || procs.is_null() || endpoints.is_null() {
             return sys::OPAL_SUCCESS;
         }
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*(btl as *mut Module)).state };
-        // SAFETY: Open MPI passes nprocs procs and nprocs endpoint slots.
-        let (procs, eps) = unsafe {
+        // SAFETY: btl is a live module of ours; Open MPI passes nprocs live procs
+        // (OpalProc is a transparent proc pointer), nprocs endpoint slots, and a null
+        // or nprocs-bit reachability bitmap.
+        let (module, procs, eps, reachable) = unsafe {
             (
-                std::slice::from_raw_parts(procs, nprocs),
+                crate::ompi::btl::module::<Module>(btl),
+                std::slice::from_raw_parts(procs as *const OpalProc, nprocs),
                 std::slice::from_raw_parts_mut(endpoints, nprocs),
+                Reachable::new(reachable, nprocs),
             )
         };
+        let state = &module.state;
         let mut peers = lock(&state.peers);
         let mut reached = 0usize;
-        for (i, &p) in procs.iter().enumerate() {
-            // SAFETY: each peer pointer in our list is live until del_procs.
-            if let Some(&known) = peers.iter().find(|&&pe| unsafe { (*pe).proc_ } == p) {
-                eps[i] = known as *mut _;
+        for (i, &peer) in procs.iter().enumerate() {
+            if let Some(known) = peers.iter().find(|pe| pe.proc_ == peer) {
+                eps[i] = known.as_endpoint();
             } else {
-                // SAFETY: p is a live proc of the PML's add_procs.
-                let peer = unsafe { OpalProc::from_raw(p) };
                 let name = peer.name();
                 if state.role == Role::OnHost && (!peer.on_node() || peer.is_self()) {
                     // Another host (or this process, which the self BTL serves): the
@@ -77,19 +78,17 @@ pub(super) extern "C" fn add_procs(
                         })
                         .ok()
                 });
-                let pe = Box::into_raw(Box::new(PeerEp {
+                let pe = Box::new(PeerEp {
                     addr: fiaddr,
-                    proc_: p,
+                    proc_: peer,
                     fbox,
                     fbox_waiting: AtomicUsize::new(0),
-                }));
+                });
+                eps[i] = pe.as_endpoint();
                 peers.push(pe);
-                eps[i] = pe as *mut _;
                 reached += 1;
             }
-            // SAFETY: reachable is null or the bitmap of at least nprocs bits that
-            // add_procs received.
-            unsafe { crate::ompi::proc::mark_reachable(reachable, i) };
+            reachable.mark(i);
         }
         if reached > 0 && state.role == Role::OnHost {
             log::info!(
@@ -113,24 +112,20 @@ pub(super) extern "C" fn del_procs(
         if nprocs == 0 || endpoints.is_null() {
             return sys::OPAL_SUCCESS;
         }
-        // SAFETY: btl is our module; endpoints holds nprocs entries.
-        let (state, eps) = unsafe {
+        // SAFETY: btl is a live module of ours; endpoints holds nprocs entries.
+        let (module, eps) = unsafe {
             (
-                &(*(btl as *mut Module)).state,
+                crate::ompi::btl::module::<Module>(btl),
                 std::slice::from_raw_parts(endpoints, nprocs),
             )
         };
-        let mut peers = lock(&state.peers);
+        let mut peers = lock(&module.state.peers);
         for &e in eps {
-            if let Some(pos) = peers
-                .iter()
-                .position(|&p| p as *mut sys::mca_btl_base_endpoint_t == e)
-            {
+            if let Some(pos) = peers.iter().position(|p| p.as_endpoint() == e) {
                 let p = peers.swap_remove(pos);
-                // SAFETY: btl is our module; p is live until dropped below.
-                unsafe { am::send::forget_fbox_peer(btl as *mut Module, p) };
-                // SAFETY: p came from Box::into_raw in add_procs and is no longer listed.
-                drop(unsafe { Box::from_raw(p) });
+                // Its queued fragments fail before the peer goes.
+                am::send::forget_fbox_peer(module, &*p);
+                drop(p);
             }
         }
         sys::OPAL_SUCCESS
@@ -145,8 +140,10 @@ pub(super) extern "C" fn register_error(
     cb: sys::mca_btl_base_module_error_cb_fn_t,
 ) -> c_int {
     ffi_guard("btl register_error", sys::OPAL_ERROR, || {
-        // SAFETY: btl is our module.
-        *lock(unsafe { &(*(btl as *mut Module)).state.error_cb }) = cb;
+        let Some(module) = running_module(btl) else {
+            return sys::OPAL_ERR_BAD_PARAM;
+        };
+        *lock(&module.state.error_cb) = cb;
         sys::OPAL_SUCCESS
     })
 }

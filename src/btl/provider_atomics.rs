@@ -6,11 +6,12 @@
 //! What it owns: nothing; each operation is an [`RdmaOp`](super::rdma::RdmaOp)
 //! posted through `rdma::run`. What it must not touch: the emulated atomics.
 
-use super::module::Module;
-use super::rdma::{ctx_of, run, Req};
-use super::registration::Handle;
+use super::module::{Module, PeerEp};
+use super::rdma::{post_op, run, Req};
+use super::registration::{Registration, HANDLE};
 use super::resolve::Again;
-use crate::fabric::Error;
+use crate::fabric::{AtomicOp, Local};
+use crate::ompi::btl::rdma_args;
 use crate::ompi::component::ffi_guard;
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -68,18 +69,22 @@ fn datatype(flags: c_int) -> Result<(fi::fi_datatype, usize), c_int> {
     })
 }
 
-fn supported(btl: *mut sys::mca_btl_base_module_t, bit: u32, width: usize) -> bool {
-    // SAFETY: btl is our module.
-    let f = unsafe { (*btl).btl_atomic_flags };
+fn supported(module: &Module, bit: u32, width: usize) -> bool {
+    let f = module.sup.btl_atomic_flags;
     f & bit != 0 && (width == 8 || f & sys::MCA_BTL_ATOMIC_SUPPORTS_32BIT != 0)
 }
 
-#[inline]
-fn posted(ret: isize) -> Result<(), Error> {
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(Error::from_ret(ret))
+/// The datatype and libfabric operation of a BTL atomic `op` with `flags`, if this
+/// module offers it.
+fn offered(
+    module: &Module,
+    op: sys::mca_btl_base_atomic_op_t,
+    flags: c_int,
+) -> Result<(AtomicOp, usize), c_int> {
+    let (datatype, width) = datatype(flags)?;
+    match map_op(op).filter(|(b, _)| supported(module, *b, width)) {
+        Some((_, op)) => Ok((AtomicOp { datatype, op }, width)),
+        None => Err(UNSUPPORTED),
     }
 }
 
@@ -97,93 +102,72 @@ pub(crate) extern "C" fn btl_atomic_op(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_op", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
+        // SAFETY: the arguments of osc's atomic_op, as the BTL interface defines them
+        // (no local buffer).
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                ptr::null_mut(),
+                0,
+                ptr::null_mut(),
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
+        };
+        let mut r = Req::new(args, remote_address);
+        let aop = match offered(r.module, op, flags) {
+            Ok((aop, _)) => aop,
             Err(e) => return e,
-        };
-        let Some((bit, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return UNSUPPORTED;
-        };
-        let _ = bit;
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address: ptr::null_mut(),
-            local_handle: ptr::null_mut(),
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
         };
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Op { op, operand, flags }) {
             return rc;
         }
-        run(
-            r,
-            2,
-            0,
-            operand,
-            0,
-            None,
-            |state, o, _desc, dest, raddr, key| {
-                // SAFETY: the operand lives in the op (little-endian, so its first 4 bytes
-                // are the 32-bit value) until the completion.
-                let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                state.fi(|| {
-                    // SAFETY: the operand lives in the op until the completion; the endpoint
-                    // is open and calls are serialised by fi.
-                    posted(unsafe {
-                        if state.delivery {
-                            // Like a put, a non-fetching atomic completes when it has been
-                            // applied at the target (osc rdma flushes and unlocks on it).
-                            let ioc = fi::fi_ioc {
-                                addr: buf as *mut c_void,
-                                count: 1,
-                            };
-                            let rma = fi::fi_rma_ioc {
-                                addr: raddr,
-                                count: 1,
-                                key,
-                            };
-                            let mut desc: *mut c_void = ptr::null_mut();
-                            let msg = fi::fi_msg_atomic {
-                                msg_iov: &ioc,
-                                desc: &mut desc,
-                                iov_count: 1,
-                                addr: dest,
-                                rma_iov: &rma,
-                                rma_iov_count: 1,
-                                datatype: dt,
-                                op: fop,
-                                context: ctx_of(o),
-                                data: 0,
-                            };
-                            fi::fi_atomicmsg(
-                                state.tx().as_ptr(),
-                                &msg,
-                                (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
-                            )
-                        } else {
-                            fi::fi_atomic(
-                                state.tx().as_ptr(),
-                                buf,
-                                1,
-                                ptr::null_mut(),
-                                dest,
-                                raddr,
-                                key,
-                                dt,
-                                fop,
-                                ctx_of(o),
-                            )
-                        }
-                    })
-                })
-            },
-        )
+        atomic_op(r, aop, operand)
     })
+}
+
+/// A non-fetching atomic (its handle checked by `resolve`).
+fn atomic_op(r: Req, aop: AtomicOp, operand: u64) -> c_int {
+    run(r, 2, operand, 0, None, |state, o, _local, remote| {
+        // The operand lives in the op (little-endian, so its first 4 bytes are the
+        // 32-bit value) until the completion. Like a put, with delivery a
+        // non-fetching atomic completes when it has been applied at the target (osc
+        // rdma flushes and unlocks on it).
+        post_op(o, Local::NONE, |ctx, _, operand, _| {
+            state.fi(|| {
+                state
+                    .tx()
+                    .post_atomic(operand, remote, aop, ctx, state.delivery)
+            })
+        })
+    })
+}
+
+/// Reissue a held `btl_atomic_op`, `btl_atomic_fop` or `btl_atomic_cswap` with the
+/// handle found (`resolve`): `None` when the module does not offer it.
+pub(super) fn reissue(r: Req, again: Again) -> c_int {
+    match again {
+        Again::Op { op, operand, flags } => match offered(r.module, op, flags) {
+            Ok((aop, _)) => atomic_op(r, aop, operand),
+            Err(e) => e,
+        },
+        Again::Fop { op, operand, flags } => match offered(r.module, op, flags) {
+            Ok((aop, _)) => atomic_fop(r, aop, operand),
+            Err(e) => e,
+        },
+        Again::Cswap {
+            compare,
+            value,
+            flags,
+        } => match cswap_offered(r.module, flags) {
+            Ok(dt) => atomic_cswap(r, dt, compare, value),
+            Err(e) => e,
+        },
+        Again::Put { .. } | Again::Get { .. } => sys::OPAL_ERR_BAD_PARAM,
+    }
 }
 
 pub(crate) extern "C" fn btl_atomic_fop(
@@ -202,61 +186,56 @@ pub(crate) extern "C" fn btl_atomic_fop(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_fop", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
+        let width = datatype(flags).map_or(0, |(_, w)| w);
+        // SAFETY: the arguments of osc's atomic_fop, as the BTL interface defines them:
+        // the local buffer has room for the result until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                width,
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
+        };
+        let mut r = Req::new(args, remote_address);
+        let aop = match offered(r.module, op, flags) {
+            Ok((aop, _)) => aop,
             Err(e) => return e,
-        };
-        let Some((_, fop)) = map_op(op).filter(|(b, _)| supported(btl, *b, width)) else {
-            return UNSUPPORTED;
-        };
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
         };
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Fop { op, operand, flags }) {
             return rc;
         }
-        run(
-            r,
-            3,
-            width,
-            operand,
-            0,
-            None,
-            |state, o, desc, dest, raddr, key| {
-                // SAFETY: operand in the op, result in the caller's registered buffer; both
-                // live until the completion.
-                let buf = unsafe { &raw const (*o).operand } as *const c_void;
-                state.fi(|| {
-                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
-                    posted(unsafe {
-                        fi::fi_fetch_atomic(
-                            state.tx().as_ptr(),
-                            buf,
-                            1,
-                            ptr::null_mut(),
-                            local_address,
-                            desc,
-                            dest,
-                            raddr,
-                            key,
-                            dt,
-                            fop,
-                            ctx_of(o),
-                        )
-                    })
-                })
-            },
-        )
+        atomic_fop(r, aop, operand)
     })
+}
+
+/// A fetching atomic (its handle checked by `resolve`).
+fn atomic_fop(r: Req, aop: AtomicOp, operand: u64) -> c_int {
+    run(r, 3, operand, 0, None, |state, o, result, remote| {
+        // The operand in the op, the result in the caller's registered buffer; both
+        // live until the completion.
+        post_op(o, result, |ctx, result, operand, _| {
+            state.fi(|| {
+                state
+                    .tx()
+                    .post_fetch_atomic(operand, result, remote, aop, ctx)
+            })
+        })
+    })
+}
+
+/// The datatype of a compare-and-swap with `flags`, if this module offers it.
+fn cswap_offered(module: &Module, flags: c_int) -> Result<fi::fi_datatype, c_int> {
+    let (dt, width) = datatype(flags)?;
+    if !supported(module, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
+        return Err(UNSUPPORTED);
+    }
+    Ok(dt)
 }
 
 pub(crate) extern "C" fn btl_atomic_cswap(
@@ -275,24 +254,26 @@ pub(crate) extern "C" fn btl_atomic_cswap(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl atomic_cswap", sys::OPAL_ERROR, || {
-        let (dt, width) = match datatype(flags) {
-            Ok(v) => v,
-            Err(e) => return e,
+        let width = datatype(flags).map_or(0, |(_, w)| w);
+        // SAFETY: the arguments of osc's atomic_cswap, as the BTL interface defines
+        // them: the local buffer has room for the result until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                width,
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
         };
-        if !supported(btl, sys::MCA_BTL_ATOMIC_SUPPORTS_CSWAP, width) {
-            return UNSUPPORTED;
-        }
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
+        let mut r = Req::new(args, remote_address);
+        let dt = match cswap_offered(r.module, flags) {
+            Ok(dt) => dt,
+            Err(e) => return e,
         };
         if let Some(rc) = super::resolve::hold_if_stale(
             &mut r,
@@ -304,44 +285,21 @@ pub(crate) extern "C" fn btl_atomic_cswap(
         ) {
             return rc;
         }
-        run(
-            r,
-            4,
-            width,
-            value,
-            compare,
-            None,
-            |state, o, desc, dest, raddr, key| {
-                // SAFETY: value and compare live in the op, the result in the caller's
-                // registered buffer, until the completion.
-                let (buf, cmp) = unsafe {
-                    (
-                        &raw const (*o).operand as *const c_void,
-                        &raw const (*o).compare as *const c_void,
-                    )
-                };
-                state.fi(|| {
-                    // SAFETY: see above; the endpoint is open and calls are serialised by fi.
-                    posted(unsafe {
-                        fi::fi_compare_atomic(
-                            state.tx().as_ptr(),
-                            buf,
-                            1,
-                            ptr::null_mut(),
-                            cmp,
-                            ptr::null_mut(),
-                            local_address,
-                            desc,
-                            dest,
-                            raddr,
-                            key,
-                            dt,
-                            fi::FI_CSWAP,
-                            ctx_of(o),
-                        )
-                    })
-                })
-            },
-        )
+        atomic_cswap(r, dt, compare, value)
+    })
+}
+
+/// A compare-and-swap (its handle checked by `resolve`).
+fn atomic_cswap(r: Req, dt: fi::fi_datatype, compare: u64, value: u64) -> c_int {
+    run(r, 4, value, compare, None, |state, o, result, remote| {
+        // Value and compare live in the op, the result in the caller's registered
+        // buffer, until the completion.
+        post_op(o, result, |ctx, result, operand, cmp| {
+            state.fi(|| {
+                state
+                    .tx()
+                    .post_compare_atomic(operand, cmp, result, remote, dt, ctx)
+            })
+        })
     })
 }

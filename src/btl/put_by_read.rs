@@ -22,9 +22,12 @@ use super::amo::{
     my_name, origin_ep, put_u64s, range_ok, send, u32_at, u64_at, DecodeError, Pending, Reply,
     NEXT_ID, PENDING, TAG_REP,
 };
-use super::module::{lock, Module};
+use super::module::{lock, running_module, Module, PeerEp};
+use super::rdma::Req;
 use super::registration::Handle;
 use crate::common::IdMap;
+use crate::fabric::Local;
+use crate::ompi::btl::RdmaCallback;
 use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -93,40 +96,26 @@ static HAS_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 
 /// Post a put of `size` bytes as a request that the target read them (see the
 /// module documentation); `r` holds `btl_put`'s arguments.
-///
-/// # Safety
-/// `r.mp` is the live module; the rest as for `btl_put` (the local buffer stays valid
-/// until the completion callback).
-pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
-    let super::rdma::Req {
-        mp: module,
-        endpoint,
-        local_address,
-        local_handle,
-        remote_address,
-        remote_handle,
-        handle,
-        cbfunc,
-        cbcontext,
-        cbdata,
-    } = r;
-    if endpoint.is_null() || remote_handle.is_null() || local_address.is_null() {
+pub(super) fn post(r: Req, size: usize) -> c_int {
+    let (Some(peer), Some(handle)) = (r.peer, r.handle) else {
+        return sys::OPAL_ERR_BAD_PARAM;
+    };
+    let local_address = r.local.addr();
+    if local_address.is_null() {
         return sys::OPAL_ERR_BAD_PARAM;
     }
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
-    let key = handle.key;
+    let module = r.module;
+    let state = &module.state;
     let Some(reg) = super::registration::register(state, local_address, size) else {
         return sys::OPAL_ERR_OUT_OF_RESOURCE;
     };
-    // SAFETY: reg is the live registration just made.
-    let h = unsafe { (*reg).handle };
+    let h = reg.handle;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let req = PutRequest {
         origin: my_name(),
         id,
-        addr: remote_address,
-        key,
+        addr: r.remote_address,
+        key: handle.key,
         len: size as u64,
         src: (local_address as u64).wrapping_sub(h.base),
         src_key: h.key,
@@ -134,53 +123,34 @@ pub(super) unsafe fn post(r: super::rdma::Req, size: usize) -> c_int {
     lock(&PENDING).get_or_insert_with(IdMap::default).insert(
         id,
         Pending {
-            mp: module,
-            endpoint,
-            local_address,
-            local_handle,
-            cbfunc,
-            cbcontext,
-            cbdata,
+            module,
+            cb: r.cb,
             result_width: 0,
-            reg,
+            reg: Some(reg),
         },
     );
     state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let rc = send(module, endpoint, TAG_PUT, &req.encode());
+    let rc = send(module, peer.as_endpoint(), TAG_PUT, &req.encode());
     if rc != sys::OPAL_SUCCESS {
         state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
-        if let Some(p) = lock(&PENDING).as_mut() {
-            p.remove(&id);
+        // Nothing reads the registration (the request was not sent).
+        if let Some(reg) = lock(&PENDING)
+            .as_mut()
+            .and_then(|p| p.remove(&id))
+            .and_then(|p| p.reg)
+        {
+            super::registration::deregister(state, reg);
         }
-        // SAFETY: made above; nothing reads it (the request was not sent).
-        unsafe { super::registration::deregister(state, reg) };
         return rc;
     }
     state.ops[0].fetch_add(1, Ordering::Relaxed);
     sys::OPAL_SUCCESS
 }
 
-/// What the read of a put request completes with.
-struct PutRead {
-    ep: *mut super::module::PeerEp,
-    id: u64,
-}
-
-/// A put request arrived (called from the receive path for [`TAG_PUT`]).
-///
-/// # Safety
-/// `module` is live; `payload` holds `len` received bytes.
-pub unsafe fn on_message(module: *mut Module, payload: *const u8, len: usize) {
-    // SAFETY: caller's contract.
-    let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
-    on_put(module, bytes);
-}
-
 /// A put request arrived: check it, read its data (or defer the read), or answer
 /// with an error.
-fn on_put(module: *mut Module, bytes: &[u8]) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+pub fn on_put(module: &'static Module, bytes: &[u8]) {
+    let state = &module.state;
     let req = match PutRequest::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -215,32 +185,44 @@ fn on_put(module: *mut Module, bytes: &[u8]) {
 }
 
 /// Post the read of put request `req` from `ep`; defer it when the provider pushes
-/// back, answer with the error when it fails.
-fn read_for(module: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest) {
-    let ctx = Box::into_raw(Box::new(PutRead { ep, id: req.id }));
+/// back, answer with the error when it fails. The read completes through
+/// [`put_read_done`], with the origin's endpoint and the request's id as its context.
+fn read_for(module: &'static Module, ep: *mut sys::mca_btl_base_endpoint_t, req: PutRequest) {
     // (src is already relative to the origin's registration.)
     let handle = Handle::unchecked(req.src_key, 0);
-    let rc = super::rdma::btl_get(
-        module as *mut sys::mca_btl_base_module_t,
-        ep as *mut sys::mca_btl_base_endpoint_t,
-        req.addr as *mut c_void,
-        req.src,
-        ptr::null_mut(),
-        &handle as *const Handle as *mut sys::mca_btl_base_registration_handle_t,
-        req.len as usize,
-        0,
-        0,
-        Some(put_read_done),
-        ctx as *mut c_void,
-        ptr::null_mut(),
-    );
+    let addr = req.addr as *mut c_void;
+    // SAFETY: ep is a live peer of the module (origin_ep, or deferred by this module's
+    // progress, which del_procs does not run across); range_ok found the target range
+    // in memory this process registered and keeps until deregister_mem; put_read_done
+    // takes the endpoint and the id as its context and data, once.
+    let (peer, local, cb) = unsafe {
+        (
+            crate::ompi::btl::endpoint::<PeerEp>(ep),
+            Local::new(addr, req.len as usize, ptr::null_mut()),
+            RdmaCallback::new(
+                ep,
+                addr,
+                ptr::null_mut(),
+                Some(put_read_done),
+                ep.cast(),
+                req.id as usize as *mut c_void,
+            ),
+        )
+    };
+    let r = Req {
+        module,
+        peer,
+        local,
+        remote_address: req.src,
+        handle: Some(handle),
+        cb,
+    };
+    let rc = super::rdma::get(r);
     if rc == sys::OPAL_SUCCESS {
         return;
     }
-    // SAFETY: not posted: still ours.
-    drop(unsafe { Box::from_raw(ctx) });
     if rc == sys::OPAL_ERR_OUT_OF_RESOURCE {
-        lock(&DEFERRED).push((module as usize, ep as usize, req));
+        lock(&DEFERRED).push((module as *const Module as usize, ep as usize, req));
         HAS_DEFERRED.store(true, Ordering::Release);
     } else {
         answer(module, ep, req.id, rc);
@@ -248,54 +230,56 @@ fn read_for(module: *mut Module, ep: *mut super::module::PeerEp, req: PutRequest
 }
 
 /// Post the reads deferred on `module` (from its progress).
-pub fn retry_reads(module: *mut Module) {
+pub fn retry_reads(module: &'static Module) {
     if !HAS_DEFERRED.load(Ordering::Acquire) {
         return;
     }
+    let me = module as *const Module as usize;
     let mine: Vec<(usize, usize, PutRequest)> = {
         let mut d = lock(&DEFERRED);
-        let (mine, rest) = d.drain(..).partition(|&(m, _, _)| m == module as usize);
+        let (mine, rest) = d.drain(..).partition(|&(m, _, _)| m == me);
         *d = rest;
         HAS_DEFERRED.store(!d.is_empty(), Ordering::Release);
         mine
     };
     for (_, ep, req) in mine {
-        read_for(module, ep as *mut super::module::PeerEp, req);
+        read_for(module, ep as *mut sys::mca_btl_base_endpoint_t, req);
     }
 }
 
 /// Drop the deferred reads of `module` (finalize).
-pub fn forget_module(module: *mut Module) {
-    lock(&DEFERRED).retain(|&(m, _, _)| m != module as usize);
+pub fn forget_module(module: &Module) {
+    let me = module as *const Module as usize;
+    lock(&DEFERRED).retain(|&(m, _, _)| m != me);
 }
 
 /// Answer put request `id` of `ep` with `status`.
-fn answer(module: *mut Module, ep: *mut super::module::PeerEp, id: u64, status: c_int) {
+fn answer(module: &'static Module, ep: *mut sys::mca_btl_base_endpoint_t, id: u64, status: c_int) {
     let rep = Reply { id, old: 0, status };
-    let rc = send(module, ep as *mut _, TAG_REP, &rep.encode());
+    let rc = send(module, ep, TAG_REP, &rep.encode());
     if rc != sys::OPAL_SUCCESS {
-        // SAFETY: module is live.
-        let state = unsafe { &(*module).state };
         log::error!(
             "cannot answer a put request on {} ({rc}): the initiator will wait",
-            state.provider
+            module.state.provider
         );
     }
 }
 
-/// The read of a put request completed: answer the origin.
+/// The read of a put request completed: answer the origin (the endpoint is the
+/// context, the request's id the data; see [`read_for`]).
 unsafe extern "C" fn put_read_done(
-    module: *mut sys::mca_btl_base_module_t,
+    btl: *mut sys::mca_btl_base_module_t,
     _endpoint: *mut sys::mca_btl_base_endpoint_t,
     _local_address: *mut c_void,
     _local_handle: *mut sys::mca_btl_base_registration_handle_t,
     context: *mut c_void,
-    _cbdata: *mut c_void,
+    cbdata: *mut c_void,
     status: c_int,
 ) {
-    // SAFETY: the PutRead boxed by read_for, handed back once.
-    let r = unsafe { Box::from_raw(context as *mut PutRead) };
-    answer(module as *mut Module, r.ep, r.id, status);
+    // Called back by this BTL's own get (read_for) on one of its running modules.
+    if let Some(module) = running_module(btl) {
+        answer(module, context.cast(), cbdata as usize as u64, status);
+    }
 }
 
 #[cfg(test)]

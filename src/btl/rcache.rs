@@ -40,8 +40,8 @@ pub struct Slot {
     end: AtomicUsize,
 }
 
-/// The table the release callback scans, shared with the callback through an `Arc`
-/// whose pointer is the subscription context.
+/// The table the release callback scans, shared with it through an `Arc`
+/// (`common::release::subscribe_shared`).
 pub struct Slots {
     slots: Box<[Slot]>,
     /// One past the highest slot ever published (bounds the callback's scan).
@@ -126,13 +126,10 @@ impl Slots {
     }
 }
 
-/// The subscriber handed to `common::release::subscribe`; `ctx` is `Arc::as_ptr` of
-/// the [`Slots`], kept alive until after `unsubscribe` returned.
-pub(crate) extern "C" fn release_cb(addr: usize, len: usize, ctx: usize) {
-    // SAFETY: ctx is the pointer of a live Arc<Slots> (see above); invalidate only
-    // touches atomics.
-    let slots = unsafe { &*(ctx as *const Slots) };
-    slots.invalidate(addr, len);
+impl crate::common::release::Invalidate for Slots {
+    fn invalidate(&self, addr: usize, len: usize) {
+        Slots::invalidate(self, addr, len);
+    }
 }
 
 /// Counters of the cache, for the close-time report and tests.
@@ -359,10 +356,9 @@ impl<R> Cache<R> {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 && (p as usize).is_power_of_two() {
-        p as usize
+    let p = crate::common::patch_check::page_size();
+    if p.is_power_of_two() {
+        p
     } else {
         4096
     }

@@ -20,9 +20,10 @@
 use super::module::{lock, Module, PeerEp, State};
 use super::op_context::{Ctx, OpKind};
 use super::progress::progress_module;
-use super::registration::{deregister, local_desc, register, Handle, Registration};
+use super::registration::{deregister, register, Handle, Registration, HANDLE};
 use super::resolve::Again;
-use crate::fabric::Error;
+use crate::fabric::{Dir, Error, Local, OpContext, Remote};
+use crate::ompi::btl::{rdma_args, RdmaArgs, RdmaCallback};
 use crate::ompi::component::ffi_guard;
 use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
@@ -30,28 +31,52 @@ use ompi_sys as sys;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// One RDMA or atomic operation in flight.
+/// One RDMA or atomic operation in flight: boxed, leaked to the provider while it is
+/// posted, and taken back at its completion (progress) or when the post fails.
 #[repr(C)]
 pub struct RdmaOp {
     ctx: Ctx,
-    endpoint: *mut sys::mca_btl_base_endpoint_t,
-    local_address: *mut c_void,
-    local_handle: *mut sys::mca_btl_base_registration_handle_t,
-    cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    cbcontext: *mut c_void,
-    cbdata: *mut c_void,
+    cb: RdmaCallback,
     /// Operands live here until the completion (not injected).
-    pub(super) operand: u64,
-    pub(super) compare: u64,
+    operand: u64,
+    compare: u64,
     /// A local registration made for this operation (FI_MR_LOCAL without a handle).
-    temp: *mut Registration,
+    temp: Option<Box<Registration>>,
     /// Of one write of a put split in parts ([`State::write_max`]): the whole put,
-    /// which completes with its last part. Null otherwise.
-    whole: *mut RdmaOp,
-    /// Of a put split in parts: the parts not yet completed, and the first error.
+    /// which completes with its last part.
+    whole: Option<Arc<Whole>>,
+}
+
+// SAFETY: an operation has one holder at a time (the path posting it, the provider,
+// a queue behind the module's mutex, or the completion), which hands it on; its
+// callback's pointers are Open MPI's, valid from any thread until called
+// (`RdmaCallback`), and its registration is boxed and ours.
+unsafe impl Send for RdmaOp {}
+
+/// A put split in parts: the operation, completed when the last part completes.
+struct Whole {
+    op: Mutex<Option<Box<RdmaOp>>>,
+    /// The descriptor of the whole op's own registration, for its parts (an address,
+    /// only handed on); the op keeps the registration until it completes.
+    desc: Option<usize>,
+    /// The parts not yet completed, and the first error.
     parts: AtomicUsize,
     part_err: AtomicI32,
+}
+
+impl RdmaOp {
+    fn new(cb: RdmaCallback, operand: u64, compare: u64) -> Box<RdmaOp> {
+        Box::new(RdmaOp {
+            ctx: Ctx::new(OpKind::Rdma),
+            cb,
+            operand,
+            compare,
+            temp: None,
+            whole: None,
+        })
+    }
 }
 
 /// Puts up to this size go as writes of one packet even where `put_by_read`
@@ -64,53 +89,35 @@ pub const PUT_BY_READ_MIN: usize = 4096;
 /// ranges (its inline limit for writes is its packet less about 200 bytes).
 pub const WRITE_HEADROOM: usize = 256;
 
-/// Completion of an RDMA or atomic operation.
-///
-/// # Safety
-/// `ctx` is the Ctx of a live RdmaOp of this module.
-pub unsafe fn rdma_complete(module: *mut Module, ctx: *mut c_void, err: i32) {
-    // SAFETY: Ctx is RdmaOp's first field; the op came from Box::into_raw.
-    let op = unsafe { Box::from_raw(ctx as *mut RdmaOp) };
-    if !op.whole.is_null() {
-        // SAFETY: a part's whole put lives until its last part completes.
-        let whole = unsafe { &*op.whole };
+/// Completion of an RDMA or atomic operation (`err` 0, or the positive FI_E* code).
+/// Takes the box the provider gave back (or the post did not take), and frees it.
+#[allow(clippy::boxed_local)]
+pub fn rdma_complete(module: &'static Module, mut op: Box<RdmaOp>, err: i32) {
+    if let Some(whole) = op.whole.take() {
         if err != 0 {
             let _ = whole
                 .part_err
                 .compare_exchange(0, err, Ordering::AcqRel, Ordering::Relaxed);
         }
         if whole.parts.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last part: the whole put is complete, and ours to finish.
             let err = whole.part_err.load(Ordering::Acquire);
-            // SAFETY: the last part: the whole put is complete, and ours to finish.
-            unsafe { rdma_complete(module, op.whole as *mut c_void, err) };
+            if let Some(w) = lock(&whole.op).take() {
+                rdma_complete(module, w, err);
+            }
         }
         return;
     }
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
-    if !op.temp.is_null() {
-        // SAFETY: a registration we made for this operation.
-        unsafe { deregister(state, op.temp) };
+    let state = &module.state;
+    if let Some(t) = op.temp.take() {
+        deregister(state, t);
     }
     let status = if err == 0 {
         sys::OPAL_SUCCESS
     } else {
         Error(err).to_opal()
     };
-    if let Some(cb) = op.cbfunc {
-        // SAFETY: the caller's callback with its own arguments.
-        unsafe {
-            cb(
-                module as *mut _,
-                op.endpoint,
-                op.local_address,
-                op.local_handle,
-                op.cbcontext,
-                op.cbdata,
-                status,
-            )
-        };
-    }
+    op.cb.complete(module.btl(), status);
     state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
 }
 
@@ -133,113 +140,122 @@ pub struct OpCounts {
     pub fbox_received: u64,
 }
 
-/// Everything an RDMA entry point receives, bundled.
+/// Everything an RDMA or atomic entry point receives, typed.
 #[derive(Clone, Copy)]
 pub(super) struct Req {
-    pub mp: *mut Module,
-    pub endpoint: *mut sys::mca_btl_base_endpoint_t,
-    pub local_address: *mut c_void,
-    pub local_handle: *mut sys::mca_btl_base_registration_handle_t,
+    pub module: &'static Module,
+    /// The peer (`None`: Open MPI passed no endpoint).
+    pub peer: Option<&'static PeerEp>,
+    /// The caller's local buffer, with the descriptor of its handle when it has one.
+    pub local: Local,
     pub remote_address: u64,
-    pub remote_handle: *mut sys::mca_btl_base_registration_handle_t,
-    /// The remote handle as read, once, by `resolve::hold_if_stale`: the original may
+    /// The remote handle, read once (`None`: Open MPI passed none): the original may
     /// change under us (see `resolve`).
-    pub handle: Handle,
-    pub cbfunc: sys::mca_btl_base_rdma_completion_fn_t,
-    pub cbcontext: *mut c_void,
-    pub cbdata: *mut c_void,
+    pub handle: Option<Handle>,
+    pub cb: RdmaCallback,
 }
 
-/// Prepare an operation context, post it with `post(op, desc, dest, raddr, key)`,
-/// retrying once after progress on -FI_EAGAIN. Then a get or a put of one write
-/// (`defer`: its direction) is deferred to progress ([`Deferred`]); anything else
-/// returns OUT_OF_RESOURCE, and the caller retries.
+/// What an RDMA or atomic entry point receives, as `ompi::btl::rdma_args` types it for
+/// this BTL (call it with [`Args`]' parameters).
+pub(super) type Args = RdmaArgs<'static, Module, PeerEp, HANDLE>;
+
+impl Req {
+    /// The request of an entry point's arguments, with the remote handle's bytes
+    /// decoded.
+    #[inline]
+    pub(super) fn new(a: Args, remote_address: u64) -> Req {
+        Req {
+            module: a.module,
+            peer: a.peer,
+            local: a.local,
+            remote_address,
+            handle: a.remote_handle.map(Handle::from_bytes),
+            cb: a.cb,
+        }
+    }
+}
+
+/// How an operation is posted: `post(state, op, local, remote)`, giving the
+/// operation back when the provider refuses it.
+pub(super) type PostResult = Result<(), (Box<RdmaOp>, Error)>;
+
+/// Prepare an operation context, post it with `post`, retrying once after progress
+/// on -FI_EAGAIN. Then a get or a put of one write (`defer`: its direction) is
+/// deferred to progress ([`Deferred`]); anything else returns OUT_OF_RESOURCE, and
+/// the caller retries.
 pub(super) fn run(
     r: Req,
     kind: usize,
-    local_len: usize,
     operand: u64,
     compare: u64,
     defer: Option<Dir>,
-    post: impl Fn(&State, *mut RdmaOp, *mut c_void, fi::fi_addr_t, u64, u64) -> Result<(), Error>,
+    post: impl Fn(&State, Box<RdmaOp>, Local, Remote) -> PostResult,
 ) -> c_int {
-    // SAFETY: module is ours.
-    let state = unsafe { &(*r.mp).state };
-    if r.endpoint.is_null() || r.remote_handle.is_null() {
+    let module = r.module;
+    let state = &module.state;
+    let (Some(peer), Some(rh)) = (r.peer, r.handle) else {
         return sys::OPAL_ERR_BAD_PARAM;
-    }
-    // SAFETY: the endpoint came from add_procs.
-    let dest = unsafe { (*(r.endpoint as *mut PeerEp)).addr };
-    let rh = r.handle;
-    let raddr = r.remote_address.wrapping_sub(rh.base);
-    let dest = state.to(dest);
-    let mut temp = ptr::null_mut();
-    // SAFETY: local_handle is null or ours.
-    let mut desc = unsafe { local_desc(r.local_handle) };
-    if desc.is_null() && state.mr_local && local_len > 0 && !r.local_address.is_null() {
-        match register(state, r.local_address, local_len) {
-            Some(t) => {
-                temp = t;
-                // SAFETY: t is a live registration.
-                desc = unsafe { (*t).desc };
-            }
-            None => return sys::OPAL_ERR_OUT_OF_RESOURCE,
-        }
-    }
-    let op = Box::into_raw(Box::new(RdmaOp {
-        ctx: Ctx::new(OpKind::Rdma),
-        endpoint: r.endpoint,
-        local_address: r.local_address,
-        local_handle: r.local_handle,
-        cbfunc: r.cbfunc,
-        cbcontext: r.cbcontext,
-        cbdata: r.cbdata,
-        operand,
-        compare,
-        temp,
-        whole: ptr::null_mut(),
-        parts: AtomicUsize::new(0),
-        part_err: AtomicI32::new(0),
-    }));
-    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let deferred = |dir| Deferred {
-        op,
-        dir,
-        local: r.local_address,
-        len: local_len,
-        desc,
-        dest,
-        raddr,
+    };
+    let remote = Remote {
+        peer: state.to(peer.addr),
+        addr: r.remote_address.wrapping_sub(rh.base),
         key: rh.key,
     };
+    let local = r.local;
+    let mut op = RdmaOp::new(r.cb, operand, compare);
+    if local.desc().is_null() && state.mr_local && !local.is_empty() {
+        let Some(t) = register(state, local.addr(), local.len()) else {
+            return sys::OPAL_ERR_OUT_OF_RESOURCE;
+        };
+        op.temp = Some(t);
+    }
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
     // Behind operations already deferred, in order.
     if let Some(dir) = defer.filter(|_| state.has_rdma_deferred.load(Ordering::Relaxed)) {
-        defer_op(state, deferred(dir), false);
+        defer_op(
+            state,
+            Deferred {
+                op,
+                dir,
+                local,
+                remote,
+            },
+            false,
+        );
         state.ops[kind].fetch_add(1, Ordering::Relaxed);
         return sys::OPAL_SUCCESS;
     }
-    let mut res = post(state, op, desc, dest, raddr, rh.key);
-    if res == Err(Error::AGAIN) {
-        progress_module(r.mp);
-        res = post(state, op, desc, dest, raddr, rh.key);
+    let mut res = post(state, op, local, remote);
+    if let Err((op, Error::AGAIN)) = res {
+        progress_module(module);
+        res = post(state, op, local, remote);
     }
-    if let (Err(Error::AGAIN), Some(dir)) = (res, defer) {
-        defer_op(state, deferred(dir), false);
-        res = Ok(());
-    }
+    let res = match (res, defer) {
+        (Err((op, Error::AGAIN)), Some(dir)) => {
+            defer_op(
+                state,
+                Deferred {
+                    op,
+                    dir,
+                    local,
+                    remote,
+                },
+                false,
+            );
+            Ok(())
+        }
+        (res, _) => res,
+    };
     match res {
         Ok(()) => {
             state.ops[kind].fetch_add(1, Ordering::Relaxed);
-            state.maybe_progress(r.mp);
+            state.maybe_progress(module);
             sys::OPAL_SUCCESS
         }
-        Err(e) => {
+        Err((mut op, e)) => {
             state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
-            // SAFETY: not posted: still ours.
-            let op = unsafe { Box::from_raw(op) };
-            if !op.temp.is_null() {
-                // SAFETY: made above, unused.
-                unsafe { deregister(state, op.temp) };
+            if let Some(t) = op.temp.take() {
+                deregister(state, t);
             }
             if e == Error::AGAIN {
                 sys::OPAL_ERR_OUT_OF_RESOURCE
@@ -254,6 +270,38 @@ pub(super) fn run(
     }
 }
 
+/// Post `op` with `post(context, local, operand, compare)`, which gets the operation's
+/// context, its local range (with the descriptor of the registration made for it, if
+/// any) and its operands as ranges to post: the operation is leaked to the provider
+/// and comes back at its completion (progress), or here when the post fails.
+#[inline]
+pub(super) fn post_op(
+    op: Box<RdmaOp>,
+    local: Local,
+    post: impl FnOnce(OpContext, Local, Local, Local) -> Result<(), Error>,
+) -> PostResult {
+    let scribble = crate::common::quirks::scribble_contexts();
+    let raw = Box::into_raw(op);
+    // SAFETY: raw is the operation just leaked, which nothing else holds: its context
+    // and operands stay put, and are only read by the provider, until the completion,
+    // whose context gives the box back (progress); the box is taken back here only when
+    // the post fails, so that nothing is in flight. A registration made for the local
+    // range (the op's own, or its whole put's) covers it and lives until then.
+    unsafe {
+        let o = &*raw;
+        let desc = o.temp.as_ref().map(|t| t.desc).or_else(|| {
+            o.whole
+                .as_ref()
+                .and_then(|w| w.desc.map(|d| d as *mut c_void))
+        });
+        let local = desc.map_or(local, |d| local.with_desc(d));
+        let ctx = o.ctx.fi.context(scribble);
+        let operand = Local::new((&raw const o.operand).cast_mut().cast(), 8, ptr::null_mut());
+        let compare = Local::new((&raw const o.compare).cast_mut().cast(), 8, ptr::null_mut());
+        post(ctx, local, operand, compare).map_err(|e| (Box::from_raw(raw), e))
+    }
+}
+
 /// A get, or a put of one write, that the provider refused with -FI_EAGAIN: posted
 /// again from progress ([`post_deferred`]), in order, and completed through its
 /// callback like any other.
@@ -265,14 +313,10 @@ pub(super) fn run(
 /// again to make room: on shm, 1 MiB messages streamed 16 at a time met -FI_EAGAIN on
 /// about 9 gets in 10, at one read in flight, and went by copy at 6 GB/s.
 pub struct Deferred {
-    op: *mut RdmaOp,
+    op: Box<RdmaOp>,
     dir: Dir,
-    local: *mut c_void,
-    len: usize,
-    desc: *mut c_void,
-    dest: fi::fi_addr_t,
-    raddr: u64,
-    key: u64,
+    local: Local,
+    remote: Remote,
 }
 
 /// Queue `d` (at the front: `front`, when it was the queue's head).
@@ -290,9 +334,8 @@ fn defer_op(state: &State, d: Deferred, front: bool) {
 /// Post the deferred operations of `module` in order, until the provider refuses
 /// one again. Called from the module's progress (serialized); an operation that
 /// fails otherwise completes through its callback with the error.
-pub(super) fn post_deferred(module: *mut Module) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+pub(super) fn post_deferred(module: &'static Module) {
+    let state = &module.state;
     loop {
         let Some(d) = ({
             let mut q = lock(&state.rdma_deferred);
@@ -304,26 +347,34 @@ pub(super) fn post_deferred(module: *mut Module) {
         }) else {
             return;
         };
-        // SAFETY: the operation's buffers and regions stay valid until its completion
-        // (the BTL contract), and op is ours until then.
-        let res = state.fi(|| unsafe {
-            rma(
-                state, d.dir, d.local, d.len, d.desc, d.dest, d.raddr, d.key, d.op,
-            )
-        });
-        match res {
+        let Deferred {
+            op,
+            dir,
+            local,
+            remote,
+        } = d;
+        match rma(state, dir, local, remote, op) {
             Ok(()) => {}
-            Err(Error::AGAIN) => {
-                defer_op(state, d, true);
+            Err((op, Error::AGAIN)) => {
+                defer_op(
+                    state,
+                    Deferred {
+                        op,
+                        dir,
+                        local,
+                        remote,
+                    },
+                    true,
+                );
                 return;
             }
-            Err(e) => {
+            Err((op, e)) => {
                 log::warn!(
                     "posting a deferred RDMA operation on {}: {e}",
                     state.provider
                 );
-                // SAFETY: never posted: ours to complete, once.
-                unsafe { rdma_complete(module, ctx_of(d.op), e.0) };
+                // Never posted: ours to complete, once.
+                rdma_complete(module, op, e.0);
             }
         }
     }
@@ -334,21 +385,11 @@ pub(super) fn post_deferred(module: *mut Module) {
 pub(super) fn discard_deferred(state: &State) {
     let q = std::mem::take(&mut *lock(&state.rdma_deferred));
     state.has_rdma_deferred.store(false, Ordering::Relaxed);
-    for d in q {
-        // SAFETY: never posted: the operation is ours.
-        let op = unsafe { Box::from_raw(d.op) };
-        if !op.temp.is_null() {
-            // SAFETY: a registration made for this operation only.
-            unsafe { deregister(state, op.temp) };
+    for mut d in q {
+        if let Some(t) = d.op.temp.take() {
+            deregister(state, t);
         }
     }
-}
-
-#[inline]
-pub(super) fn ctx_of(op: *mut RdmaOp) -> *mut c_void {
-    // SAFETY: op is a live operation of ours (Box::into_raw in `run`), not yet posted;
-    // its Ctx is the first field of the repr(C) struct, so the context is op itself.
-    unsafe { (*op).ctx.as_op_context() }
 }
 
 pub(crate) extern "C" fn btl_put(
@@ -366,87 +407,47 @@ pub(crate) extern "C" fn btl_put(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl put", sys::OPAL_ERROR, || {
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
+        // SAFETY: the arguments of osc's or ob1's put, as the BTL interface defines
+        // them: the local buffer holds size bytes until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                size,
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
         };
+        let mut r = Req::new(args, remote_address);
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Put { size }) {
             return rc;
         }
-        let module = btl as *mut Module;
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*module).state };
-        if size > state.write_max.max(PUT_BY_READ_MIN) && state.put_by_read {
-            // SAFETY: module is ours; the rest is the caller's put.
-            return unsafe { super::put_by_read::post(r, size) };
-        }
-        let defer = (size <= state.write_max).then_some(Dir::Write);
-        run(
-            r,
-            0,
-            size,
-            0,
-            0,
-            defer,
-            |state, op, desc, dest, raddr, key| {
-                if size > state.write_max {
-                    // SAFETY: as for one write, below.
-                    return unsafe {
-                        put_in_parts(module, op, local_address, size, desc, dest, raddr, key)
-                    };
-                }
-                // SAFETY: the local buffer and the remote region stay valid until the
-                // completion (the BTL contract); op lives until then.
-                state.fi(|| unsafe {
-                    rma(
-                        state,
-                        Dir::Write,
-                        local_address,
-                        size,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        op,
-                    )
-                })
-            },
-        )
+        put(r, size)
     })
 }
 
-/// Which way an RMA operation moves data.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Dir {
-    Write,
-    Read,
+/// A put of `size` bytes (its handle checked by `resolve`).
+pub(super) fn put(r: Req, size: usize) -> c_int {
+    let module = r.module;
+    let state = &module.state;
+    if size > state.write_max.max(PUT_BY_READ_MIN) && state.put_by_read {
+        return super::put_by_read::post(r, size);
+    }
+    let defer = (size <= state.write_max).then_some(Dir::Write);
+    run(r, 0, 0, 0, defer, |state, op, local, remote| {
+        if size > state.write_max {
+            return put_in_parts(module, op, local, size, remote);
+        }
+        rma(state, Dir::Write, local, remote, op)
+    })
 }
 
-/// Post one write of `len` bytes from `local`, or read into it, for `op`.
-///
-/// # Safety
-/// `local` holds `len` bytes and the remote range is registered, both until the
-/// completion; `op` lives until then.
-#[allow(clippy::too_many_arguments)]
-unsafe fn rma(
-    state: &State,
-    dir: Dir,
-    local: *mut c_void,
-    len: usize,
-    desc: *mut c_void,
-    dest: fi::fi_addr_t,
-    raddr: u64,
-    key: u64,
-    op: *mut RdmaOp,
-) -> Result<(), Error> {
+/// Post one write of `local`, or a read into it, for `op`.
+fn rma(state: &State, dir: Dir, local: Local, remote: Remote, op: Box<RdmaOp>) -> PostResult {
     // A put completes when its data is at the target: osc rdma releases the target's
     // lock right after, possibly with a CPU atomic on shared memory that nothing
     // orders after the write. A read completes when its data is here, whatever the
@@ -460,94 +461,73 @@ unsafe fn rma(
     } else {
         0
     };
-    let tx = state.tx();
-    // SAFETY: forwarded.
-    unsafe {
-        match (dir, flags) {
-            (Dir::Write, 0) => tx.write(local, len, desc, dest, raddr, key, ctx_of(op)),
-            (Dir::Write, f) => tx.write_flags(local, len, desc, dest, raddr, key, ctx_of(op), f),
-            (Dir::Read, 0) => tx.read(local, len, desc, dest, raddr, key, ctx_of(op)),
-            (Dir::Read, f) => tx.read_flags(local, len, desc, dest, raddr, key, ctx_of(op), f),
-        }
-    }
+    post_op(op, local, |ctx, local, _, _| {
+        state.fi(|| state.tx().post_rma(dir, local, remote, ctx, flags))
+    })
 }
 
 /// Post the put of `op` as writes of at most [`State::write_max`] bytes each, every
 /// one with a context of its own; `op` completes with the last of them. Once one
 /// part is posted this no longer fails: it waits out flow control with progress, and
 /// a later part that cannot be posted completes the put with that error.
-///
-/// # Safety
-/// As for [`rma`], for `size` bytes.
-#[allow(clippy::too_many_arguments)]
-unsafe fn put_in_parts(
-    module: *mut Module,
-    op: *mut RdmaOp,
-    local: *mut c_void,
+fn put_in_parts(
+    module: &'static Module,
+    op: Box<RdmaOp>,
+    local: Local,
     size: usize,
-    desc: *mut c_void,
-    dest: fi::fi_addr_t,
-    raddr: u64,
-    key: u64,
-) -> Result<(), Error> {
-    // SAFETY: module is ours.
-    let state = unsafe { &(*module).state };
+    remote: Remote,
+) -> PostResult {
+    let state = &module.state;
     let step = state.write_max;
     let n = size.div_ceil(step);
-    // SAFETY: op is ours and not posted; parts count down from n before any can
-    // complete.
-    unsafe { (*op).parts.store(n, Ordering::Release) };
+    // The parts count down from n before any can complete.
+    let desc = op.temp.as_ref().map(|t| t.desc as usize);
+    let whole = Arc::new(Whole {
+        op: Mutex::new(Some(op)),
+        desc,
+        parts: AtomicUsize::new(n),
+        part_err: AtomicI32::new(0),
+    });
     for i in 0..n {
         let off = i * step;
         let len = step.min(size - off);
-        let part = Box::into_raw(Box::new(RdmaOp {
-            ctx: Ctx::new(OpKind::Rdma),
-            endpoint: ptr::null_mut(),
-            local_address: ptr::null_mut(),
-            local_handle: ptr::null_mut(),
-            cbfunc: None,
-            cbcontext: ptr::null_mut(),
-            cbdata: ptr::null_mut(),
-            operand: 0,
-            compare: 0,
-            temp: ptr::null_mut(),
-            whole: op,
-            parts: AtomicUsize::new(0),
-            part_err: AtomicI32::new(0),
-        }));
-        // SAFETY: a part of the caller's range.
-        let local = unsafe { (local as *mut u8).add(off) } as *mut c_void;
-        let raddr = raddr.wrapping_add(off as u64);
-        let res = loop {
-            // SAFETY: the caller's contract, for this part.
-            let res = state
-                .fi(|| unsafe { rma(state, Dir::Write, local, len, desc, dest, raddr, key, part) });
-            if res != Err(Error::AGAIN) || i == 0 {
-                break res;
-            }
-            progress_module(module);
+        let mut part = RdmaOp::new(RdmaCallback::NONE, 0, 0);
+        part.whole = Some(Arc::clone(&whole));
+        let local = local.part(off, len);
+        let remote = Remote {
+            addr: remote.addr.wrapping_add(off as u64),
+            ..remote
         };
-        if let Err(e) = res {
-            // SAFETY: not posted: still ours.
-            drop(unsafe { Box::from_raw(part) });
+        let res = loop {
+            match rma(state, Dir::Write, local, remote, part) {
+                Err((p, Error::AGAIN)) if i > 0 => {
+                    part = p;
+                    progress_module(module);
+                }
+                res => break res,
+            }
+        };
+        if let Err((p, e)) = res {
+            drop(p);
             if i == 0 {
                 // Nothing posted: the caller frees op (and retries on AGAIN).
-                return Err(e);
+                return match lock(&whole.op).take() {
+                    Some(op) => Err((op, e)),
+                    None => Ok(()),
+                };
             }
             log::warn!(
                 "posting part {i} of {n} of a put on {}: {e}",
                 state.provider
             );
-            // SAFETY: op lives until its last posted part completes; the parts not
-            // posted are taken off its count (which may make this the last).
-            unsafe {
-                let whole = &*op;
-                let _ =
-                    whole
-                        .part_err
-                        .compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Relaxed);
-                if whole.parts.fetch_sub(n - i, Ordering::AcqRel) == n - i {
-                    rdma_complete(module, op as *mut c_void, e.0);
+            // The parts not posted are taken off the count (which may make this the
+            // last).
+            let _ = whole
+                .part_err
+                .compare_exchange(0, e.0, Ordering::AcqRel, Ordering::Relaxed);
+            if whole.parts.fetch_sub(n - i, Ordering::AcqRel) == n - i {
+                if let Some(op) = lock(&whole.op).take() {
+                    rdma_complete(module, op, e.0);
                 }
             }
             return Ok(());
@@ -571,44 +551,32 @@ pub(crate) extern "C" fn btl_get(
     cbdata: *mut c_void,
 ) -> c_int {
     ffi_guard("btl get", sys::OPAL_ERROR, || {
-        let mut r = Req {
-            mp: btl as *mut Module,
-            endpoint,
-            local_address,
-            local_handle,
-            remote_address,
-            remote_handle,
-            handle: Handle::default(),
-            cbfunc,
-            cbcontext,
-            cbdata,
+        // SAFETY: the arguments of osc's or ob1's get, as the BTL interface defines
+        // them: the local buffer has room for size bytes until the callback.
+        let args = unsafe {
+            rdma_args::<Module, PeerEp, Registration, HANDLE>(
+                btl,
+                endpoint,
+                local_address,
+                size,
+                local_handle,
+                remote_handle,
+                cbfunc,
+                cbcontext,
+                cbdata,
+            )
         };
+        let mut r = Req::new(args, remote_address);
         if let Some(rc) = super::resolve::hold_if_stale(&mut r, Again::Get { size }) {
             return rc;
         }
-        run(
-            r,
-            1,
-            size,
-            0,
-            0,
-            Some(Dir::Read),
-            |state, op, desc, dest, raddr, key| {
-                // SAFETY: as in put.
-                state.fi(|| unsafe {
-                    rma(
-                        state,
-                        Dir::Read,
-                        local_address,
-                        size,
-                        desc,
-                        dest,
-                        raddr,
-                        key,
-                        op,
-                    )
-                })
-            },
-        )
+        get(r)
+    })
+}
+
+/// A get into the request's local buffer (its handle checked by `resolve`).
+pub(super) fn get(r: Req) -> c_int {
+    run(r, 1, 0, 0, Some(Dir::Read), |state, op, local, remote| {
+        rma(state, Dir::Read, local, remote, op)
     })
 }

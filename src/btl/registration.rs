@@ -49,18 +49,17 @@ impl Handle {
         )
     }
 
-    /// Read a handle from memory another process may be rewriting as we read (osc
-    /// rdma's table of dynamic regions, see `resolve`): exactly once, with one
-    /// volatile read, so that the compiler cannot read it again for a later use and
-    /// see other bytes than the ones checked. `p` need not be aligned.
-    ///
-    /// # Safety
-    /// `p` points to `size_of::<Handle>()` readable bytes.
-    pub unsafe fn read_once(p: *const u8) -> Handle {
-        const N: usize = std::mem::size_of::<Handle>();
-        // SAFETY: caller's contract; [u8; N] has alignment 1.
-        let b: [u8; N] = unsafe { ptr::read_volatile(p as *const [u8; N]) };
-        let w = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    /// Its size: what a peer's handle holds, read at once (`ompi::btl::read_handle`).
+    pub const SIZE: usize = std::mem::size_of::<Handle>();
+
+    /// A handle from its bytes in memory (native byte order, as `#[repr(C)]` lays it
+    /// out).
+    pub fn from_bytes(b: [u8; Handle::SIZE]) -> Handle {
+        let w = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(a)
+        };
         Handle {
             key: w(0),
             base: w(1),
@@ -109,6 +108,9 @@ impl Handle {
     }
 }
 
+/// The size of a [`Handle`], which a peer's handle is read as at once.
+pub(super) const HANDLE: usize = Handle::SIZE;
+
 /// What `register_mem` returns: the handle first, then what only the owner needs.
 #[repr(C)]
 pub struct Registration {
@@ -123,13 +125,27 @@ pub struct Registration {
 }
 
 /// Register (or find in the cache) `[base, base + len)`.
-pub(super) fn register(state: &State, base: *mut c_void, len: usize) -> Option<*mut Registration> {
+pub(super) fn register(state: &State, base: *mut c_void, len: usize) -> Option<Box<Registration>> {
     let mut cache = lock(&state.rcache);
     let virt = state.virt_addr;
     let res = cache.acquire(base as usize, len, state.mr_access, |b, l| {
+        let key = state.next_key();
         // SAFETY: Open MPI registers memory it keeps mapped until deregister_mem; a
-        // release of it before then invalidates the entry (release callback).
-        unsafe { state.register(b as *const c_void, l) }
+        // release of it before then invalidates the entry (release callback), and the
+        // cache closes the region before it drops the entry.
+        let mr = unsafe {
+            MemoryRegion::register(
+                state.ep.domain(),
+                b as *const c_void,
+                l,
+                state.mr_access,
+                0,
+                key,
+                0,
+            )
+        }?;
+        state.finish_registration(&mr)?;
+        Ok::<_, crate::fabric::Error>(mr)
     });
     let reg = match res {
         Ok(Acquired::Cached(i, mr)) => Registration {
@@ -157,11 +173,29 @@ pub(super) fn register(state: &State, base: *mut c_void, len: usize) -> Option<*
         }
     };
     let outside = (reg.ticket == Ticket::Uncached).then_some(reg.handle);
-    let r = Box::into_raw(Box::new(reg));
+    let r = Box::new(reg);
     if let Some(h) = outside {
-        lock(&state.outside).insert(r as usize, h);
+        lock(&state.outside).insert(r.id(), h);
     }
     Some(r)
+}
+
+impl crate::ompi::btl::LocalHandle for Registration {
+    fn desc(&self) -> *mut c_void {
+        self.desc
+    }
+}
+
+impl Registration {
+    /// What `State::outside` knows it by: its address, stable while it is boxed.
+    fn id(&self) -> usize {
+        self as *const Registration as usize
+    }
+
+    /// The range asked for: `(base, len)`.
+    pub(super) fn range(&self) -> (usize, usize) {
+        (self.base, self.len)
+    }
 }
 
 /// The handle of a live registration of this module covering `[addr, addr + len)`:
@@ -178,20 +212,15 @@ pub(super) fn live_handle(state: &State, addr: u64, len: usize) -> Option<Handle
     })
 }
 
-/// Give a registration back.
-///
-/// # Safety
-/// `r` came from [`register`] and is no longer used by any operation.
-pub(super) unsafe fn deregister(state: &State, r: *mut Registration) {
-    // SAFETY: caller's contract.
-    let reg = unsafe { Box::from_raw(r) };
+/// Give a registration back (no operation uses it any more).
+pub(super) fn deregister(state: &State, reg: Box<Registration>) {
     match reg.ticket {
         Ticket::Cached(i) => {
             let closed = lock(&state.rcache).release(i);
             drop(closed);
         }
         Ticket::Uncached => {
-            lock(&state.outside).remove(&(r as usize));
+            lock(&state.outside).remove(&reg.id());
         }
     }
     drop(reg);
@@ -205,15 +234,16 @@ pub(crate) extern "C" fn btl_register_mem(
     _flags: u32,
 ) -> *mut sys::mca_btl_base_registration_handle_t {
     ffi_guard("btl register_mem", ptr::null_mut(), || {
-        // SAFETY: btl is our module.
-        let state = unsafe { &(*(btl as *mut Module)).state };
+        // SAFETY: Open MPI calls a module's entries only between its init and finalize.
+        let module = unsafe { crate::ompi::btl::module::<Module>(btl) };
+        let state = &module.state;
         register(state, base, size).map_or(ptr::null_mut(), |r| {
             if state.serves_requests() {
-                // SAFETY: r is the live registration just made.
-                let key = unsafe { (*r).handle.key };
-                super::amo::note_region(btl as *mut Module, key, base as usize, size);
+                super::amo::note_region(module, r.handle.key, base as usize, size);
             }
-            r as *mut sys::mca_btl_base_registration_handle_t
+            // Open MPI holds the registration (by its handle, the first field) until
+            // deregister_mem gives it back.
+            Box::into_raw(r) as *mut sys::mca_btl_base_registration_handle_t
         })
     })
 }
@@ -224,31 +254,20 @@ pub(crate) extern "C" fn btl_deregister_mem(
 ) -> c_int {
     ffi_guard("btl deregister_mem", sys::OPAL_ERROR, || {
         if !h.is_null() {
-            // SAFETY: btl is our module; h came from our register_mem.
-            let state = unsafe { &(*(btl as *mut Module)).state };
-            let r = h as *mut Registration;
-            if state.serves_requests() {
-                // SAFETY: r is live until deregister below.
-                let (key, base, len) = unsafe { ((*r).handle.key, (*r).base, (*r).len) };
-                super::amo::forget_region(btl as *mut Module, key, base, len);
+            // SAFETY: btl is a live module of ours; h came from our register_mem
+            // (Box::into_raw) and Open MPI gives it back once, with the box.
+            let (module, r) = unsafe {
+                (
+                    crate::ompi::btl::module::<Module>(btl),
+                    Box::from_raw(h as *mut Registration),
+                )
+            };
+            if module.state.serves_requests() {
+                let (base, len) = r.range();
+                super::amo::forget_region(module, r.handle.key, base, len);
             }
-            // SAFETY: h came from our register_mem.
-            unsafe { deregister(state, r) };
+            deregister(&module.state, r);
         }
         sys::OPAL_SUCCESS
     })
-}
-
-/// The registration of a handle we returned (local use only).
-///
-/// # Safety
-/// `h` is null or a handle returned by our `register_mem`.
-#[inline]
-pub unsafe fn local_desc(h: *mut sys::mca_btl_base_registration_handle_t) -> *mut c_void {
-    if h.is_null() {
-        ptr::null_mut()
-    } else {
-        // SAFETY: our handles point to a Registration (its first field is the Handle).
-        unsafe { (*(h as *const Registration)).desc }
-    }
 }

@@ -19,7 +19,7 @@
 //! as an active message. The target answers with the handle of a live registration
 //! that covers the range (in its cache, or made outside it: `State::outside`), or with
 //! none. The operation is then issued again, from progress, through the module's own
-//! entry point, with the handle found; if none was found, it fails with
+//! path for it (what its entry point runs after the check), with the handle found; if none was found, it fails with
 //! `OPAL_ERR_PERM` (the target has no registration there, so no handle could reach
 //! it). The normal path pays one comparison and a 5-word hash per operation.
 //!
@@ -175,15 +175,17 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// A held operation: its entry point's arguments (`r.handle` is the handle it came
+/// A held operation: its entry point's arguments (`req.handle` is the handle it came
 /// with).
 struct Held {
-    r: Req,
+    req: Req,
     again: Again,
 }
 
-// SAFETY: the pointers are Open MPI's, valid for the operation's duration; an entry is
-// used only by the thread that takes it out of its table.
+// SAFETY: the request's pointers are Open MPI's, valid for the operation's duration
+// (`Req::from_entry`), and its module lives until teardown, which drops what it holds
+// first (`forget_module`); an entry is used only by the thread that takes it out of
+// its table.
 unsafe impl Send for Held {}
 
 static HELD: Mutex<Option<IdMap<u64, Held>>> = Mutex::new(None);
@@ -196,25 +198,21 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub static HELD_OPS: AtomicU64 = AtomicU64::new(0);
 pub static FOUND_OPS: AtomicU64 = AtomicU64::new(0);
 
-/// Called first by each RDMA and atomic entry point. The remote handle is read once,
-/// into `r.handle`, which the operation then uses (the original may change under us:
-/// that is the race this module is for). If it does not cover the operation's target
-/// range, the operation is held and the target asked, and the entry point returns
-/// what this returns. `None`: go on.
-pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
-    if r.remote_handle.is_null() || r.endpoint.is_null() {
+/// Called first by each RDMA and atomic entry point, whose request holds the remote
+/// handle as read, once (the original may change under us: that is the race this
+/// module is for). If it does not cover the operation's target range, the operation
+/// is held and the target asked, and the entry point returns what this returns.
+/// `None`: go on.
+pub(super) fn hold_if_stale(req: &mut Req, again: Again) -> Option<c_int> {
+    let (Some(peer), Some(had)) = (req.peer, req.handle) else {
         return None;
-    }
-    // SAFETY: the remote handle holds a Handle copied from the peer's registration.
-    let had = unsafe { Handle::read_once(r.remote_handle as *const u8) };
-    r.handle = had;
+    };
     let len = again.target_len();
-    if had.covers(r.remote_address, len) {
+    if had.covers(req.remote_address, len) {
         return None;
     }
-    // SAFETY: r.mp is our live module.
-    let st = unsafe { &(*r.mp).state };
-    if !st.two_sided {
+    let state = &req.module.state;
+    if !state.two_sided {
         // No active messages to ask with: the provider decides.
         return None;
     }
@@ -225,22 +223,22 @@ pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
         had.key,
         had.start,
         had.end,
-        r.remote_address,
-        st.provider
+        req.remote_address,
+        state.provider
     );
     lock(&HELD)
         .get_or_insert_with(IdMap::default)
-        .insert(id, Held { r: *r, again });
-    st.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
-    let req = Find {
+        .insert(id, Held { req: *req, again });
+    state.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+    let find = Find {
         origin: amo::my_name(),
         id,
-        addr: r.remote_address,
+        addr: req.remote_address,
         len: len as u64,
     };
-    let rc = amo::send(r.mp, r.endpoint, TAG_FIND, &req.encode());
+    let rc = amo::send(req.module, peer.as_endpoint(), TAG_FIND, &find.encode());
     if rc != sys::OPAL_SUCCESS {
-        st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+        state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if let Some(m) = lock(&HELD).as_mut() {
             m.remove(&id);
         }
@@ -251,40 +249,40 @@ pub(super) fn hold_if_stale(r: &mut Req, again: Again) -> Option<c_int> {
 }
 
 /// A find request or its answer arrived.
-///
-/// # Safety
-/// `mp` is the live module; `payload` holds `len` received bytes.
-pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usize) {
-    // SAFETY: caller's contract.
-    let bytes = unsafe { std::slice::from_raw_parts(payload, len) };
-    // SAFETY: mp is live.
-    let st = unsafe { &(*mp).state };
+pub fn on_message(module: &'static Module, tag: u8, bytes: &[u8]) {
+    let state = &module.state;
     if tag == TAG_FIND {
-        let req = match Find::decode(bytes) {
-            Ok(r) => r,
+        let find = match Find::decode(bytes) {
+            Ok(f) => f,
             Err(e) => {
-                log::warn!("dropping a malformed find request on {}: {e}", st.provider);
+                log::warn!(
+                    "dropping a malformed find request on {}: {e}",
+                    state.provider
+                );
                 return;
             }
         };
-        let Some(ep) = amo::origin_ep(mp, req.origin) else {
+        let Some(ep) = amo::origin_ep(module, find.origin) else {
             log::warn!(
                 "dropping a find request from an unknown process ({}, {}) on {}",
-                req.origin.0,
-                req.origin.1,
-                st.provider
+                find.origin.0,
+                find.origin.1,
+                state.provider
             );
             return;
         };
-        let handle = usize::try_from(req.len)
+        let handle = usize::try_from(find.len)
             .ok()
-            .and_then(|n| registration::live_handle(st, req.addr, n));
-        let rep = Found { id: req.id, handle };
-        let rc = amo::send(mp, ep as *mut _, TAG_FOUND, &rep.encode());
+            .and_then(|n| registration::live_handle(state, find.addr, n));
+        let rep = Found {
+            id: find.id,
+            handle,
+        };
+        let rc = amo::send(module, ep, TAG_FOUND, &rep.encode());
         if rc != sys::OPAL_SUCCESS {
             log::error!(
                 "cannot answer a find request on {} ({rc}): the initiator will wait",
-                st.provider
+                state.provider
             );
         }
         return;
@@ -292,7 +290,10 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
     let rep = match Found::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
-            log::warn!("dropping a malformed find answer on {}: {e}", st.provider);
+            log::warn!(
+                "dropping a malformed find answer on {}: {e}",
+                state.provider
+            );
             return;
         }
     };
@@ -300,7 +301,7 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
         log::warn!(
             "dropping a find answer for unknown operation {} on {}",
             rep.id,
-            st.provider
+            state.provider
         );
         return;
     };
@@ -321,8 +322,8 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
             log::warn!(
                 "a one-sided operation on {} addresses {:#x} ({} bytes) at its target, which \
                  has no registration there: it fails",
-                st.provider,
-                held.r.remote_address,
+                state.provider,
+                held.req.remote_address,
                 held.again.target_len()
             );
         }
@@ -331,25 +332,25 @@ pub unsafe fn on_message(mp: *mut Module, tag: u8, payload: *const u8, len: usiz
     HAS_READY.store(true, Ordering::Release);
 }
 
-/// Issue again the answered operations of module `mp` (from its progress), until the
+/// Issue again the answered operations of `module` (from its progress), until the
 /// provider pushes back.
-pub(super) fn reissue(mp: *mut Module) {
+pub(super) fn reissue(module: &'static Module) {
     if !HAS_READY.load(Ordering::Acquire) {
         return;
     }
     let mine: Vec<(Held, Option<Handle>)> = {
         let mut q = lock(&READY);
-        let (mine, rest): (Vec<_>, Vec<_>) = q.drain(..).partition(|(h, _)| h.r.mp == mp);
+        let (mine, rest): (Vec<_>, Vec<_>) = q
+            .drain(..)
+            .partition(|(h, _)| std::ptr::eq(h.req.module, module));
         *q = rest;
         HAS_READY.store(!q.is_empty(), Ordering::Release);
         mine
     };
     let mut it = mine.into_iter();
     while let Some((held, handle)) = it.next() {
-        let rc = match &handle {
-            // SAFETY: the operation's arguments are the caller's, valid until its
-            // callback; the handle lives across the call, which copies what it needs.
-            Some(h) => unsafe { issue(&held, h) },
+        let rc = match handle {
+            Some(h) => issue(&held, h),
             // The access is to memory the target has not registered (or no longer
             // has). Not to the provider: shm (1.17) never completes an access with an
             // unknown key ("error processing command" at the target), so the origin
@@ -363,131 +364,34 @@ pub(super) fn reissue(mp: *mut Module) {
             HAS_READY.store(true, Ordering::Release);
             return;
         }
-        // SAFETY: mp is live.
-        let st = unsafe { &(*mp).state };
-        st.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+        module.state.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         if rc != sys::OPAL_SUCCESS {
-            let r = held.r;
-            if let Some(cb) = r.cbfunc {
-                // SAFETY: the caller's callback with its own arguments.
-                unsafe {
-                    cb(
-                        mp as *mut _,
-                        r.endpoint,
-                        r.local_address,
-                        r.local_handle,
-                        r.cbcontext,
-                        r.cbdata,
-                        rc,
-                    )
-                };
-            }
+            held.req.cb.complete(module.btl(), rc);
         }
     }
 }
 
-/// Call the module's entry point of `held` again with `handle`.
-///
-/// # Safety
-/// As for the entry point; `held.r.mp` is live.
-unsafe fn issue(held: &Held, handle: &Handle) -> c_int {
-    let r = held.r;
-    let btl = r.mp as *mut sys::mca_btl_base_module_t;
-    let h = handle as *const Handle as *mut sys::mca_btl_base_registration_handle_t;
-    let order = sys::MCA_BTL_NO_ORDER as c_int;
-    // SAFETY: btl is our module; the entry points are ours, set at module creation.
-    unsafe {
-        let m = &*btl;
-        let missing = sys::OPAL_ERR_NOT_SUPPORTED;
-        match held.again {
-            Again::Put { size } | Again::Get { size } => {
-                // (The two entry points have the same signature.)
-                let entry = if matches!(held.again, Again::Put { .. }) {
-                    m.btl_put
-                } else {
-                    m.btl_get
-                };
-                entry.map_or(missing, |f| {
-                    f(
-                        btl,
-                        r.endpoint,
-                        r.local_address,
-                        r.remote_address,
-                        r.local_handle,
-                        h,
-                        size,
-                        0,
-                        order,
-                        r.cbfunc,
-                        r.cbcontext,
-                        r.cbdata,
-                    )
-                })
-            }
-            Again::Op { op, operand, flags } => m.btl_atomic_op.map_or(missing, |f| {
-                f(
-                    btl,
-                    r.endpoint,
-                    r.remote_address,
-                    h,
-                    op,
-                    operand,
-                    flags,
-                    order,
-                    r.cbfunc,
-                    r.cbcontext,
-                    r.cbdata,
-                )
-            }),
-            Again::Fop { op, operand, flags } => m.btl_atomic_fop.map_or(missing, |f| {
-                f(
-                    btl,
-                    r.endpoint,
-                    r.local_address,
-                    r.remote_address,
-                    r.local_handle,
-                    h,
-                    op,
-                    operand,
-                    flags,
-                    order,
-                    r.cbfunc,
-                    r.cbcontext,
-                    r.cbdata,
-                )
-            }),
-            Again::Cswap {
-                compare,
-                value,
-                flags,
-            } => m.btl_atomic_cswap.map_or(missing, |f| {
-                f(
-                    btl,
-                    r.endpoint,
-                    r.local_address,
-                    r.remote_address,
-                    r.local_handle,
-                    h,
-                    compare,
-                    value,
-                    flags,
-                    order,
-                    r.cbfunc,
-                    r.cbcontext,
-                    r.cbdata,
-                )
-            }),
-        }
+/// Run the operation of `held` again with `handle`, as its entry point would after
+/// the handle check, through the module's own path for it (the entry points the
+/// module's table holds: emulated atomics where `State::amo`, else the provider's).
+fn issue(held: &Held, handle: Handle) -> c_int {
+    let mut req = held.req;
+    req.handle = Some(handle);
+    match held.again {
+        Again::Put { size } => super::rdma::put(req, size),
+        Again::Get { .. } => super::rdma::get(req),
+        again if req.module.state.amo => amo::reissue(req, again),
+        again => super::provider_atomics::reissue(req, again),
     }
 }
 
-/// Drop what module `mp` holds (finalize: Open MPI no longer waits for it).
-pub(super) fn forget_module(mp: *mut Module) {
+/// Drop what `module` holds (finalize: Open MPI no longer waits for it).
+pub(super) fn forget_module(module: &Module) {
     if let Some(m) = lock(&HELD).as_mut() {
-        m.retain(|_, h| h.r.mp != mp);
+        m.retain(|_, h| !std::ptr::eq(h.req.module, module));
     }
     let mut q = lock(&READY);
-    q.retain(|(h, _)| h.r.mp != mp);
+    q.retain(|(h, _)| !std::ptr::eq(h.req.module, module));
     HAS_READY.store(!q.is_empty(), Ordering::Release);
 }
 

@@ -5,51 +5,31 @@
 //! What it owns: nothing while modules run. What it must not touch: a module that is
 //! still published in `module::MODULES`.
 
-use super::am;
 use super::module::{fbox_sent_of, lock, Module, State, MODULES};
 use super::{amo, put_by_read, rdma, resolve};
-use crate::common::release;
 use crate::ompi::component::ffi_guard;
 use ompi_sys as sys;
 use std::os::raw::c_int;
-use std::ptr;
 use std::sync::atomic::Ordering;
 
 pub(super) extern "C" fn finalize_cb(btl: *mut sys::mca_btl_base_module_t) -> c_int {
     ffi_guard("btl finalize", sys::OPAL_ERROR, || {
-        for slot in &MODULES {
-            if slot
-                .compare_exchange(
-                    btl as *mut Module,
-                    ptr::null_mut(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
-                // SAFETY: unpublished above; Open MPI no longer calls this module.
-                unsafe { destroy(btl as *mut Module) };
-            }
-        }
+        MODULES
+            .unpublish(Some(btl as *mut Module))
+            .for_each(destroy);
         sys::OPAL_SUCCESS
     })
 }
 
-/// Free a module that was never published.
-///
-/// # Safety
-/// `module` came from `Box::into_raw` and nobody else uses it.
-pub(super) unsafe fn destroy(module: *mut Module) {
-    // SAFETY: forwarded contract.
-    let mut owned = unsafe { Box::from_raw(module) };
-    amo::forget_module(module);
-    put_by_read::forget_module(module);
-    resolve::forget_module(module);
+/// Free a module: unpublished, or never published.
+pub(super) fn destroy(mut owned: Box<Module>) {
+    amo::forget_module(&owned);
+    put_by_read::forget_module(&owned);
+    resolve::forget_module(&owned);
     let state = &mut owned.state;
     state.closing.store(true, Ordering::Release);
-    if let Some(id) = state.rcache_sub.take() {
-        release::unsubscribe(id);
-    }
+    // Unsubscribes (before the cache's slots may go).
+    drop(state.rcache_sub.take());
     let stats = lock(&state.rcache).stats();
     log::info!("registration cache: {stats}");
     let ops: Vec<u64> = state
@@ -117,29 +97,21 @@ pub(super) unsafe fn destroy(module: *mut Module) {
     drop(ep);
     drop(av);
     for b in recv_bufs {
-        // SAFETY: the endpoint is closed: no receive uses the buffer any more.
-        unsafe { am::frag::free_recv_buf(b) };
+        // SAFETY: leaked by post_receives for the module's life, which ends here: the
+        // endpoint is closed, so no receive uses the buffer any more, and the refused
+        // ones kept in `unposted` are only references to it.
+        drop(unsafe { Box::from_raw(b) });
     }
-    for f in frags.into_iter().chain(pending).chain(fbox_queue) {
-        // SAFETY: free-listed or never-posted fragments are ours.
-        unsafe { am::frag::free_frag_memory(f) };
-    }
-    for p in peers {
-        // SAFETY: from Box::into_raw in add_procs.
-        drop(unsafe { Box::from_raw(p) });
-    }
+    // Free-listed and never-posted fragments are ours (their regions close before
+    // their buffers are freed).
+    drop((frags, pending, fbox_queue));
+    drop(peers);
     drop(domain);
 }
 
 /// Tear the module down (idempotent). No sleep: the endpoint close discards whatever
 /// is still in flight.
 pub fn finalize() {
-    for slot in &MODULES {
-        let module = slot.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !module.is_null() {
-            // SAFETY: unpublished above; Open MPI no longer calls the module.
-            unsafe { destroy(module) };
-        }
-    }
+    MODULES.unpublish(None).for_each(destroy);
     // The module array itself is freed by Open MPI's btl base.
 }

@@ -8,22 +8,12 @@
 
 use super::module::lock;
 use super::{am, procs, progress, provider_atomics, rdma, registration, teardown};
+use crate::ompi::btl::Template;
 use ompi_sys as sys;
-use std::os::raw::c_int;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// The template whose generic fields `mca_btl_base_param_register` binds to the
-/// `btl_ofi_*` variables. On the C heap and never freed: Open MPI keeps pointers to
-/// its fields for as long as the variables exist, which may be after an unload.
-pub(super) static TEMPLATE: AtomicPtr<sys::mca_btl_base_module_t> = AtomicPtr::new(ptr::null_mut());
-
-unsafe extern "C" {
-    fn mca_btl_base_param_register(
-        version: *mut sys::mca_base_component_t,
-        module: *mut sys::mca_btl_base_module_t,
-    ) -> c_int;
-}
+/// `btl_ofi_*` variables (on the C heap and never freed, see `ompi::btl::Template`).
+pub(super) static TEMPLATE: Template = Template::new();
 
 const DEFAULT_EAGER: usize = 8 * 1024;
 const DEFAULT_MAX_SEND: usize = 64 * 1024;
@@ -56,45 +46,29 @@ pub(super) fn fill_table(m: &mut sys::mca_btl_base_module_t) {
 // function's name, which an inlined frame does not carry.
 #[inline(never)]
 pub fn register_base_params() {
-    let mut t = TEMPLATE.load(Ordering::Acquire);
-    if t.is_null() {
-        // SAFETY: a zeroed module is a valid value (integers, nullable pointers, None).
-        t = unsafe { libc::calloc(1, std::mem::size_of::<sys::mca_btl_base_module_t>()) }
-            as *mut sys::mca_btl_base_module_t;
-        if t.is_null() {
-            return;
-        }
-        TEMPLATE.store(t, Ordering::Release);
-    }
-    // SAFETY: t is our template; nobody else writes it before registration.
-    let m = unsafe { &mut *t };
-    m.btl_component = super::component::mca_btl_ofi_component.get();
-    m.btl_exclusivity = sys::MCA_BTL_EXCLUSIVITY_DEFAULT;
-    m.btl_eager_limit = DEFAULT_EAGER;
-    m.btl_rndv_eager_limit = DEFAULT_EAGER;
-    m.btl_max_send_size = DEFAULT_MAX_SEND;
-    m.btl_rdma_pipeline_send_length = DEFAULT_MAX_SEND;
-    m.btl_rdma_pipeline_frag_size = 4 * 1024 * 1024;
-    m.btl_min_rdma_pipeline_size = 0;
-    m.btl_latency = 10;
-    m.btl_bandwidth = 10000;
-    m.btl_flags = sys::MCA_BTL_FLAGS_SEND
-        | sys::MCA_BTL_FLAGS_RDMA
-        | sys::MCA_BTL_FLAGS_RDMA_FLUSH
-        | sys::MCA_BTL_FLAGS_ATOMIC_OPS
-        | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
-    m.btl_registration_handle_size = std::mem::size_of::<registration::Handle>();
-    fill_table(m);
-    // SAFETY: the component struct and template are valid; Open MPI binds variables to
-    // the template's fields, which live forever (see TEMPLATE).
-    unsafe {
-        mca_btl_base_param_register(super::component::component_ptr() as *mut _, t);
-    }
+    TEMPLATE.register(super::component::component_ptr(), |m| {
+        m.btl_component = super::component::mca_btl_ofi_component.get();
+        m.btl_exclusivity = sys::MCA_BTL_EXCLUSIVITY_DEFAULT;
+        m.btl_eager_limit = DEFAULT_EAGER;
+        m.btl_rndv_eager_limit = DEFAULT_EAGER;
+        m.btl_max_send_size = DEFAULT_MAX_SEND;
+        m.btl_rdma_pipeline_send_length = DEFAULT_MAX_SEND;
+        m.btl_rdma_pipeline_frag_size = 4 * 1024 * 1024;
+        m.btl_min_rdma_pipeline_size = 0;
+        m.btl_latency = 10;
+        m.btl_bandwidth = 10000;
+        m.btl_flags = sys::MCA_BTL_FLAGS_SEND
+            | sys::MCA_BTL_FLAGS_RDMA
+            | sys::MCA_BTL_FLAGS_RDMA_FLUSH
+            | sys::MCA_BTL_FLAGS_ATOMIC_OPS
+            | sys::MCA_BTL_FLAGS_ATOMIC_FOPS;
+        m.btl_registration_handle_size = std::mem::size_of::<registration::Handle>();
+        fill_table(m);
+    });
 }
 
 pub(super) fn component() -> &'static sys::mca_base_component_t {
-    // SAFETY: the component struct is a static of this library.
-    unsafe { &*super::component::component_ptr() }
+    super::component::component()
 }
 
 pub(super) fn param(i: usize) -> i64 {

@@ -209,11 +209,11 @@ impl Rx {
             return Err(io::Error::last_os_error());
         }
         let close = |e: io::Error| {
-            // SAFETY: our fd.
+            // SAFETY: fd is the memfd opened above, not yet closed or handed on.
             unsafe { libc::close(fd) };
             e
         };
-        // SAFETY: our fd.
+        // SAFETY: fd is the memfd opened above; ftruncate only sizes it.
         if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
             return Err(close(io::Error::last_os_error()));
         }
@@ -242,7 +242,7 @@ impl Rx {
     /// What peers need to open the segment (published in the modex).
     pub fn record(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(RECORD_LEN);
-        // SAFETY: plain call.
+        // SAFETY: getpid has no preconditions and cannot fail.
         v.extend_from_slice(&(unsafe { libc::getpid() } as u32).to_le_bytes());
         v.extend_from_slice(&(self.fd as u32).to_le_bytes());
         v.extend_from_slice(&self.cookie.to_le_bytes());
@@ -251,6 +251,23 @@ impl Rx {
         v.extend_from_slice(&(self.sizes.cap as u32).to_le_bytes());
         v.extend_from_slice(&(self.sizes.max as u32).to_le_bytes());
         v
+    }
+
+    /// [`Rx::poll`] with each payload as a slice, valid (and writable) until `f`
+    /// returns.
+    ///
+    /// # Safety
+    /// As [`Rx::poll`]: one caller at a time.
+    #[inline]
+    pub unsafe fn poll_slices(&self, budget: usize, mut f: impl FnMut(u8, &mut [u8])) -> usize {
+        // SAFETY: one caller at a time (forwarded); poll hands out `len` bytes inside
+        // the ring that the sender no longer touches until our tail passes them,
+        // which is after `f` returns.
+        unsafe {
+            self.poll(budget, |tag, p, len| {
+                f(tag, std::slice::from_raw_parts_mut(p, len))
+            })
+        }
     }
 
     /// Hand up to `budget` records of each ring to `f(tag, payload, len)`, oldest
@@ -344,7 +361,7 @@ pub struct Tx {
 
 // SAFETY: shared memory accessed through atomics and under `busy`.
 unsafe impl Send for Tx {}
-// SAFETY: as above.
+// SAFETY: as for Send: the mapping is shared through atomics, and payload writes under `busy`.
 unsafe impl Sync for Tx {}
 
 impl Tx {
@@ -370,7 +387,7 @@ impl Tx {
             return Err(format!("{rings} rings of {cap} B in {len} B"));
         }
         let path = CString::new(format!("/proc/{pid}/fd/{fd}")).expect("no NUL");
-        // SAFETY: plain call with a valid path.
+        // SAFETY: path is a NUL-terminated C string that lives across the call.
         let f = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if f < 0 {
             return Err(format!(
@@ -379,9 +396,9 @@ impl Tx {
                 io::Error::last_os_error()
             ));
         }
-        // SAFETY: a zeroed stat is valid.
+        // SAFETY: libc::stat is plain integers, for which all zeroes is a valid value.
         let mut sb: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: f is ours; sb is writable.
+        // SAFETY: f is the descriptor opened above; sb is a writable stat.
         let r = if unsafe { libc::fstat(f, &mut sb) } != 0 {
             Err(format!("fstat: {}", io::Error::last_os_error()))
         } else if (sb.st_size as u64) < len as u64 {
@@ -399,7 +416,7 @@ impl Tx {
         {
             return Err("not the segment the peer published".into());
         }
-        // SAFETY: plain call.
+        // SAFETY: getpid has no preconditions and cannot fail.
         let owner = u64::from(unsafe { libc::getpid() } as u32) | 1 << 32;
         let order =
             std::iter::once(prefer % rings).chain((0..rings).filter(|&i| i != prefer % rings));
@@ -453,7 +470,11 @@ impl Tx {
             }
         }
         // Releases busy when dropped: on every return below without a slot.
-        let claim = Slot { tx: self, off: 0 };
+        let claim = Slot {
+            tx: self,
+            off: 0,
+            len,
+        };
         let cap = self.sizes.cap;
         let head = self.map.word(self.ring + 8).load(Ordering::Relaxed);
         let off = (head % cap as u64) as usize;
@@ -529,6 +550,8 @@ impl Drop for Tx {
 pub struct Slot<'a> {
     tx: &'a Tx,
     off: usize,
+    /// The payload length reserved.
+    len: usize,
 }
 
 impl Slot<'_> {
@@ -542,6 +565,15 @@ impl Slot<'_> {
                 .base
                 .add(self.tx.ring + RING_CTRL + self.off + REC_HDR)
         }
+    }
+
+    /// The payload's room (the `len` given to `reserve`), to write before the commit.
+    #[inline(always)]
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        // SAFETY: reserve checked that the record's `len` bytes lie within the ring's
+        // data; this thread holds the ring (busy) and the receiver reads them only
+        // after the commit publishes the header.
+        unsafe { std::slice::from_raw_parts_mut(self.payload(), self.len) }
     }
 
     /// Publish `len` payload bytes (at most the reserved length) under `tag`.
@@ -591,7 +623,7 @@ mod tests {
 
     fn drain(rx: &Rx) -> Vec<(u8, Vec<u8>)> {
         let mut out = Vec::new();
-        // SAFETY: one poller.
+        // SAFETY: this test thread is the segment's only poller.
         unsafe {
             rx.poll(usize::MAX, |tag, p, len| {
                 out.push((tag, std::slice::from_raw_parts(p, len).to_vec()))
@@ -709,7 +741,7 @@ mod tests {
                     while i < n {
                         let len = 4 + (i as usize * 7) % 200;
                         if let Some(s) = tx.reserve(len) {
-                            // SAFETY: room for len bytes.
+                            // SAFETY: reserve gave room for len payload bytes at the slot.
                             unsafe {
                                 ptr::copy_nonoverlapping(i.to_le_bytes().as_ptr(), s.payload(), 4);
                                 ptr::write_bytes(s.payload().add(4), t as u8 ^ i as u8, len - 4);
@@ -726,7 +758,7 @@ mod tests {
         let mut next = vec![0u32; threads];
         let mut total = 0;
         while total < threads * n as usize {
-            // SAFETY: one poller.
+            // SAFETY: this test thread is the segment's only poller.
             total += unsafe {
                 rx.poll(64, |tag, p, len| {
                     let b = std::slice::from_raw_parts(p, len);
@@ -756,7 +788,7 @@ mod tests {
             while i < n {
                 let len = (i * 13) % 513;
                 if let Some(s) = tx.reserve(len) {
-                    // SAFETY: room for len bytes.
+                    // SAFETY: reserve gave room for len payload bytes at the slot.
                     unsafe { ptr::write_bytes(s.payload(), i as u8, len) };
                     s.commit(len, (i % 5) as u8);
                     i += 1;
@@ -767,7 +799,7 @@ mod tests {
         });
         let mut i = 0;
         while i < n {
-            // SAFETY: one poller.
+            // SAFETY: this test thread is the segment's only poller.
             unsafe {
                 rx.poll(64, |tag, p, len| {
                     assert_eq!(tag as usize, i % 5);

@@ -226,8 +226,9 @@ fn object_of(addr: usize) -> Option<String> {
     )
 }
 
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
+/// The system's page size (4096 when sysconf cannot say).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf takes no pointers and has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
         p as usize

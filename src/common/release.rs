@@ -425,6 +425,46 @@ pub fn unsubscribe(id: SlotId) -> bool {
     GLOBAL.unsubscribe(id)
 }
 
+/// What a typed subscriber does with each release of `[addr, addr + len)`: it runs on
+/// the release path (see [`Registry::dispatch`]), so it only loads and stores atomics.
+pub trait Invalidate: Send + Sync + 'static {
+    fn invalidate(&self, addr: usize, len: usize);
+}
+
+/// A subscription of a shared `T` to every memory release: keeps `T` alive while it
+/// is subscribed, and unsubscribes when dropped (never drop it from a subscriber).
+pub struct Subscription<T: Invalidate> {
+    id: SlotId,
+    _target: std::sync::Arc<T>,
+}
+
+/// Subscribe `target` to every memory release of the process (see [`subscribe`]).
+pub fn subscribe_shared<T: Invalidate>(
+    target: &std::sync::Arc<T>,
+) -> Result<Subscription<T>, SubscribeError> {
+    let id = subscribe(
+        invalidate_shared::<T>,
+        std::sync::Arc::as_ptr(target) as usize,
+    )?;
+    Ok(Subscription {
+        id,
+        _target: std::sync::Arc::clone(target),
+    })
+}
+
+extern "C" fn invalidate_shared<T: Invalidate>(addr: usize, len: usize, ctx: usize) {
+    // SAFETY: ctx is `Arc::as_ptr` of the T of a Subscription, which keeps it alive
+    // until its Drop's unsubscribe returned, after which no dispatch calls this with it.
+    let target = unsafe { &*(ctx as *const T) };
+    target.invalidate(addr, len);
+}
+
+impl<T: Invalidate> Drop for Subscription<T> {
+    fn drop(&mut self) {
+        unsubscribe(self.id);
+    }
+}
+
 /// Forward one release to libfabric and to the subscribers. See [`Registry::dispatch`].
 pub fn dispatch(addr: usize, len: usize) {
     GLOBAL.dispatch(addr, len)

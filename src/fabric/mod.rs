@@ -38,6 +38,7 @@
 //! retry".
 
 pub mod av;
+pub mod buffer;
 pub mod cq;
 pub mod domain;
 pub mod ep;
@@ -47,8 +48,10 @@ pub mod fabric;
 pub mod info;
 pub mod mr;
 pub mod post;
+pub mod rma;
 
 pub use av::{AddressVector, AvAttr};
+pub use buffer::{Buffer, Local, OpContext, Scratch};
 pub use cq::{CompletionQueue, CqAttr, CqErrEntry};
 pub use domain::Domain;
 pub use ep::Endpoint;
@@ -58,7 +61,8 @@ pub use info::{
     runtime_version, Hints, InfoIter, InfoList, InfoRef, OwnedInfo, PciAddr, API_VERSION,
 };
 pub use mr::MemoryRegion;
-pub use post::{CqRef, EpRef, OpContext, RecvBuf, SendBuf, Serialized};
+pub use post::{CqRef, EpRef, RecvBuf, SendBuf, Serialized};
+pub use rma::{AtomicOp, Dir, Remote};
 
 pub use libfabric_sys::{
     fi_addr_t, fi_context, fi_context2, fi_cq_tagged_entry, fi_msg_tagged, iovec,

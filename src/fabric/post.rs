@@ -16,6 +16,7 @@
 //! What it owns: discharging the data-path contract of `ep.rs`. What it must not touch:
 //! opening or closing objects (the owners').
 
+use super::buffer::OpContext;
 use super::cq::CompletionQueue;
 use super::ep::Endpoint;
 use super::error::{Error, Result};
@@ -42,24 +43,17 @@ impl Serialized<'_> {
     }
 }
 
-/// The context of one operation: an `fi_context2` the provider may use as scratch
-/// (`FI_CONTEXT`/`FI_CONTEXT2` mode) and that the completion hands back.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct OpContext(NonNull<fi::fi_context2>);
-
-impl OpContext {
-    /// # Safety
-    /// `ctx` stays valid, and neither read nor written by anyone but the provider, from
-    /// each post that uses it until that operation's completion is reaped.
-    #[inline(always)]
-    pub unsafe fn new(ctx: NonNull<fi::fi_context2>) -> Self {
-        OpContext(ctx)
-    }
-
-    #[inline(always)]
-    fn as_ptr(self) -> *mut c_void {
-        self.0.as_ptr().cast()
-    }
+/// The context of one operation at `ctx`, an `fi_context2` the provider may use as
+/// scratch (`FI_CONTEXT`/`FI_CONTEXT2` mode) and that the completion hands back: for a
+/// component whose contexts live in structures of its own layout (the MTL's requests)
+/// rather than in a [`Scratch`](super::buffer::Scratch).
+///
+/// # Safety
+/// `ctx` stays valid, and neither read nor written by anyone but the provider, from
+/// each post that uses it until that operation's completion is reaped.
+#[inline(always)]
+pub unsafe fn op_context(ctx: NonNull<fi::fi_context2>) -> OpContext {
+    OpContext::from_raw(ctx.as_ptr().cast())
 }
 
 /// Memory a send reads.

@@ -124,7 +124,11 @@ impl Request {
     /// only by [`Req::alloc_copied`] (its block is freed by that kind): asked for one,
     /// this makes a [`Kind::Send`].
     pub(crate) fn internal(kind: Kind, comm: Option<Comm>) -> Request {
-        let kind = if kind == Kind::Copied { Kind::Send } else { kind };
+        let kind = if kind == Kind::Copied {
+            Kind::Send
+        } else {
+            kind
+        };
         Request::internal_of(kind, comm)
     }
 
@@ -372,7 +376,7 @@ impl Req {
         unsafe {
             let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
             crate::common::quirks::scribble(&mut *ctx);
-            OpContext::new(NonNull::new_unchecked(ctx))
+            crate::fabric::post::op_context(NonNull::new_unchecked(ctx))
         }
     }
 
@@ -384,7 +388,7 @@ impl Req {
         // writes ctx (the data path only takes its address).
         unsafe {
             let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
-            OpContext::new(NonNull::new_unchecked(ctx))
+            crate::fabric::post::op_context(NonNull::new_unchecked(ctx))
         }
     }
 

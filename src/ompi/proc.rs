@@ -96,7 +96,7 @@ pub fn local_name() -> Option<(u32, u32)> {
     if p.is_null() {
         return None;
     }
-    // SAFETY: p is the live local proc.
+    // SAFETY: opal_proc_local_get returned the live local proc (not null).
     let n = unsafe { (*p).proc_name };
     Some((n.jobid, n.vpid))
 }
@@ -122,6 +122,7 @@ pub fn local_rank() -> usize {
 /// An OPAL-level proc as the BTL interface passes it. Invariant: live while the
 /// handle is used (procs live until finalize, after the BTL's del_procs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(transparent)]
 pub struct OpalProc(*mut sys::opal_proc_t);
 
 impl OpalProc {
@@ -165,7 +166,7 @@ impl OpalProc {
 /// `bitmap` is null or the bitmap of at least `i + 1` bits that add_procs received.
 pub unsafe fn mark_reachable(bitmap: *mut sys::opal_bitmap_t, i: usize) {
     if !bitmap.is_null() {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: bitmap is not null, and has room for bit i (the caller's contract).
         unsafe { sys::opal_bitmap_set_bit(bitmap, i as std::os::raw::c_int) };
     }
 }

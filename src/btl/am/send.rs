@@ -8,117 +8,111 @@
 use super::frag::{put_frag, Frag};
 use super::wire::{PieceHeader, HDR, INLINE_MAX, PIECE_HDR, PIECE_LIMIT};
 use crate::btl::module::{lock, Module, PeerEp, State};
+use crate::fabric::buffer::with_stack_bytes;
 use crate::fabric::Error;
+use crate::ompi::btl::notify_sent;
 use crate::ompi::error::OpalCode;
 use ompi_sys as sys;
-use std::mem::offset_of;
-use std::os::raw::{c_int, c_void};
-use std::ptr;
+use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 
-/// Finish a send: callback, then free if the BTL owns the descriptor.
-///
-/// # Safety
-/// `f` is a fragment whose send completed (or failed).
-unsafe fn finish_send(module: *mut Module, f: *mut Frag, status: c_int, always: bool) {
-    // SAFETY: caller's contract.
-    let (flags, cb, ep) = unsafe { ((*f).base.des_flags, (*f).base.des_cbfunc, (*f).endpoint) };
-    if always || flags & sys::MCA_BTL_DES_SEND_ALWAYS_CALLBACK != 0 || status != sys::OPAL_SUCCESS {
-        if let Some(cb) = cb {
-            // SAFETY: the PML's callback with its own descriptor.
-            unsafe { cb(module as *mut _, ep as *mut _, &mut (*f).base, status) };
-        }
-    }
+/// Finish a send: callback, then back to the free list if the BTL owns the
+/// descriptor; else ob1 owns it from here (and frees it with `btl_free`, possibly
+/// from the callback).
+fn finish_send(module: &'static Module, mut f: Box<Frag>, status: c_int, always: bool) {
+    let flags = f.base.des_flags;
+    let ep = f.endpoint().cast();
+    let call =
+        always || flags & sys::MCA_BTL_DES_SEND_ALWAYS_CALLBACK != 0 || status != sys::OPAL_SUCCESS;
     if flags & sys::MCA_BTL_DES_FLAGS_BTL_OWNERSHIP != 0 {
-        // SAFETY: module is live.
-        put_frag(unsafe { &(*module).state }, f);
+        if call {
+            notify_sent(module.btl(), ep, &mut f.base, status);
+        }
+        put_frag(&module.state, f);
+    } else {
+        let f = Box::leak(f);
+        if call {
+            notify_sent(module.btl(), ep, &mut f.base, status);
+        }
     }
 }
 
-/// A send completion.
-///
-/// # Safety
-/// `ctx` is the `ctx` field of one of our fragments.
-pub unsafe fn send_complete(module: *mut Module, ctx: *mut c_void, err: i32) {
-    // SAFETY: ctx lies offset_of!(Frag, ctx) bytes into its fragment.
-    let f = unsafe { (ctx as *mut u8).sub(offset_of!(Frag, ctx)) as *mut Frag };
-    // SAFETY: module is live.
-    unsafe { &(*module).state }
-        .send_outstanding
-        .fetch_sub(1, Ordering::AcqRel);
+/// A send completion: the fragment comes back from the provider.
+pub fn send_complete(module: &'static Module, f: Box<Frag>, err: i32) {
+    module.state.send_outstanding.fetch_sub(1, Ordering::AcqRel);
     let status = if err == 0 {
         sys::OPAL_SUCCESS
     } else {
         Error(err).to_opal()
     };
-    // SAFETY: the send is done.
-    unsafe { finish_send(module, f, status, true) };
+    finish_send(module, f, status, true);
 }
 
-/// Try to put a fragment on the wire. `Ok(true)`: injected (complete now), `Ok(false)`:
-/// posted (completion later), `Err(AGAIN)`: retry later.
-///
-/// # Safety
-/// `f` is a primed fragment with its header written.
-pub(super) unsafe fn post(state: &State, f: *mut Frag) -> Result<bool, Error> {
-    // SAFETY: caller's contract.
-    let frag = unsafe { &mut *f };
-    let len = HDR + frag.segment.seg_len as usize;
-    // SAFETY: endpoint came from add_procs.
-    let dest = unsafe { (*frag.endpoint).addr };
+/// What became of a fragment put on the wire.
+pub(super) enum Posted {
+    /// Injected (or sent in pieces): complete now, the fragment back.
+    Injected(Box<Frag>),
+    /// Posted: the provider holds it until the completion.
+    InFlight,
+    /// Not posted (`Error::AGAIN`: retry later).
+    Refused(Box<Frag>, Error),
+}
+
+/// Try to put a primed fragment with its header written on the wire.
+pub(super) fn post(state: &State, mut f: Box<Frag>) -> Posted {
+    let len = HDR + f.len();
+    let to = state.to(f.peer().addr);
     if state.send_window > 0 && state.send_outstanding.load(Ordering::Acquire) >= state.send_window
     {
-        return Err(Error::AGAIN);
+        return Posted::Refused(f, Error::AGAIN);
     }
     if len <= state.inject_size && state.send_window == 0 {
-        // SAFETY: the buffer is valid for len bytes during the call.
-        state.fi(|| unsafe {
-            state
-                .tx()
-                .inject(frag.buf as *const c_void, len, state.to(dest))
-        })?;
-        return Ok(true);
+        return match state.fi(|| state.tx().inject_bytes(f.wire(), to)) {
+            Ok(()) => Posted::Injected(f),
+            Err(e) => Posted::Refused(f, e),
+        };
     }
     if state.piece_max > PIECE_HDR && len - HDR <= PIECE_LIMIT {
-        // SAFETY: forwarded.
-        unsafe { send_pieces(state, frag, state.to(dest)) }?;
-        return Ok(true);
+        return match send_pieces(state, &mut f, to) {
+            Ok(()) => Posted::Injected(f),
+            Err(e) => Posted::Refused(f, e),
+        };
     }
-    let desc = frag.mr.as_ref().map_or(ptr::null_mut(), |m| m.desc());
-    let ctx = frag.ctx.as_op_context();
+    let scribble = crate::common::quirks::scribble_contexts();
     // Counted before the post: another thread may reap the completion first.
     state.send_outstanding.fetch_add(1, Ordering::AcqRel);
-    state
-        .fi(|| {
-            // SAFETY: the fragment (buffer and context) stays ours until the completion.
-            unsafe {
-                state
-                    .tx()
-                    .send(frag.buf as *const c_void, len, desc, state.to(dest), ctx)
-            }
-        })
-        .inspect_err(|_| {
+    let raw = Box::into_raw(f);
+    // SAFETY: raw is the fragment just leaked for this send, which nothing else holds:
+    // its buffer (with its own registration) and its context stay put
+    // until the completion, whose context gives the box back (progress); the box is
+    // taken back here only when the post fails, so that nothing is in flight.
+    let res = unsafe {
+        let frag = &*raw;
+        let local = frag.buf.local().part(0, len);
+        let ctx = frag.ctx.fi.context(scribble);
+        state
+            .fi(|| state.tx().post_send(local, to, ctx))
+            .map_err(|e| (Box::from_raw(raw), e))
+    };
+    match res {
+        Ok(()) => Posted::InFlight,
+        Err((f, e)) => {
             state.send_outstanding.fetch_sub(1, Ordering::AcqRel);
-        })?;
-    Ok(false)
+            Posted::Refused(f, e)
+        }
+    }
 }
 
 /// Send the payload of `frag` as pieces (see the module documentation), from where an
 /// earlier call stopped: `Err(AGAIN)` leaves `frag.sent` at the pieces already out, and
 /// the fragment waits in order for progress to call again.
-///
-/// # Safety
-/// `frag` is a primed fragment with its header written.
-unsafe fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Error> {
-    let total = frag.segment.seg_len as usize;
+fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Error> {
+    let total = frag.len();
     let step = state.piece_max - PIECE_HDR;
     if frag.piece_id == 0 {
         frag.piece_id = state.next_piece_id.fetch_add(2, Ordering::Relaxed);
     }
-    // SAFETY: the tag is the first byte of the header written before posting.
-    let tag = unsafe { *frag.buf };
-    let mut buf = std::mem::MaybeUninit::<[u8; INLINE_MAX]>::uninit();
-    let b = buf.as_mut_ptr() as *mut u8;
+    let tag = frag.tag();
     while frag.sent < total {
         let n = step.min(total - frag.sent);
         let h = PieceHeader {
@@ -129,14 +123,13 @@ unsafe fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Err
             offset: frag.sent as u32,
         }
         .encode();
-        // SAFETY: b has room for PIECE_HDR + n <= piece_max <= INLINE_MAX bytes; the
-        // fragment holds total payload bytes after its header.
-        unsafe {
-            ptr::copy_nonoverlapping(h.as_ptr(), b, PIECE_HDR);
-            ptr::copy_nonoverlapping(frag.buf.add(HDR + frag.sent), b.add(PIECE_HDR), n);
-        }
-        // SAFETY: the first PIECE_HDR + n bytes of b are written; inject copies them.
-        state.fi(|| unsafe { state.tx().inject(b as *const c_void, PIECE_HDR + n, to) })?;
+        let chunk = &frag.payload()[frag.sent..frag.sent + n];
+        // PIECE_HDR + n <= piece_max <= INLINE_MAX bytes.
+        with_stack_bytes::<INLINE_MAX, _>(PIECE_HDR + n, |b| {
+            b[..PIECE_HDR].copy_from_slice(&h);
+            b[PIECE_HDR..].copy_from_slice(chunk);
+            state.fi(|| state.tx().inject_bytes(b, to))
+        })?;
         frag.sent += n;
     }
     Ok(())
@@ -144,14 +137,14 @@ unsafe fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Err
 
 /// Post queued sends in order until the provider pushes back again.
 ///
-/// One thread drains at a time: the front fragment is posted before it is popped, so
-/// two drainers (progress and a sender on other threads under MPI_THREAD_MULTIPLE) would
-/// both post it: a duplicated fragment, seen by ob1 as a message longer than the one
-/// sent, or a double completion and a stall (scripts/test-hostile, tiny queues). A
-/// thread that finds another one draining leaves the queue to it.
-pub(crate) fn drain_pending(module: *mut Module) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+/// One thread drains at a time: two drainers (progress and a sender on other threads
+/// under MPI_THREAD_MULTIPLE) would take fragments out of order, or post the front one
+/// twice: a duplicated fragment, seen by ob1 as a message longer than the one sent, or
+/// a double completion and a stall (scripts/test-hostile, tiny queues). A thread that
+/// finds another one draining leaves the queue to it. The front fragment goes back to
+/// the front when the provider refuses it.
+pub(crate) fn drain_pending(module: &'static Module) {
+    let state = &module.state;
     let _drainer = match state.draining.try_lock() {
         Ok(g) => g,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -159,9 +152,9 @@ pub(crate) fn drain_pending(module: *mut Module) {
     };
     loop {
         let f = {
-            let q = lock(&state.pending);
-            match q.front() {
-                Some(&f) => f,
+            let mut q = lock(&state.pending);
+            match q.pop_front() {
+                Some(f) => f,
                 None => {
                     // Under the lock, so that a concurrent enqueue cannot be hidden.
                     state.has_pending.store(false, Ordering::Relaxed);
@@ -169,43 +162,36 @@ pub(crate) fn drain_pending(module: *mut Module) {
                 }
             }
         };
-        // SAFETY: queued fragments are primed and ours.
-        match unsafe { post(state, f) } {
-            Err(Error::AGAIN) => return,
-            r => {
-                lock(&state.pending).pop_front();
-                match r {
-                    // SAFETY: injected: complete now (its callback was deferred).
-                    Ok(true) => unsafe { finish_send(module, f, sys::OPAL_SUCCESS, true) },
-                    Ok(false) => {}
-                    Err(e) => {
-                        log::warn!("a queued send failed on {}: {e}", state.provider);
-                        // SAFETY: not posted: report the error through its callback.
-                        unsafe { finish_send(module, f, e.to_opal(), true) };
-                    }
-                }
+        match post(state, f) {
+            Posted::Refused(f, Error::AGAIN) => {
+                lock(&state.pending).push_front(f);
+                return;
+            }
+            // Injected: complete now (its callback was deferred).
+            Posted::Injected(f) => finish_send(module, f, sys::OPAL_SUCCESS, true),
+            Posted::InFlight => {}
+            Posted::Refused(f, e) => {
+                log::warn!("a queued send failed on {}: {e}", state.provider);
+                // Not posted: report the error through its callback.
+                finish_send(module, f, e.to_opal(), true);
             }
         }
     }
 }
 
-fn enqueue(state: &State, f: *mut Frag) {
+fn enqueue(state: &State, f: Box<Frag>) {
     let mut q = lock(&state.pending);
     q.push_back(f);
     state.has_pending.store(true, Ordering::Relaxed);
 }
 
 /// Send a primed fragment with its header written; the BTL's send contract.
-///
-/// # Safety
-/// `f` is ours, primed, header written.
-pub(in crate::btl) unsafe fn send_frag(module: *mut Module, f: *mut Frag) -> c_int {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
-    // SAFETY: forwarded.
-    if let Some(rc) = unsafe { fbox_send(module, state, f) } {
-        return rc;
-    }
+pub(in crate::btl) fn send_frag(module: &'static Module, f: Box<Frag>) -> c_int {
+    let state = &module.state;
+    let f = match fbox_send(module, state, f) {
+        Ok(rc) => return rc,
+        Err(f) => f,
+    };
     if state.has_pending.load(Ordering::Relaxed) {
         drain_pending(module);
         if state.has_pending.load(Ordering::Relaxed) {
@@ -213,138 +199,124 @@ pub(in crate::btl) unsafe fn send_frag(module: *mut Module, f: *mut Frag) -> c_i
             return sys::OPAL_SUCCESS;
         }
     }
-    // SAFETY: forwarded.
-    let r = unsafe { post(state, f) };
+    let r = post(state, f);
     state.maybe_progress(module);
     match r {
-        Ok(true) => {
+        Posted::Injected(f) => {
             // Injected: the data is gone. Like btl/self, call back only when asked.
-            // SAFETY: f is complete.
-            unsafe { finish_send(module, f, sys::OPAL_SUCCESS, false) };
+            finish_send(module, f, sys::OPAL_SUCCESS, false);
             1
         }
-        Ok(false) => sys::OPAL_SUCCESS,
-        Err(Error::AGAIN) => {
+        Posted::InFlight => sys::OPAL_SUCCESS,
+        Posted::Refused(f, Error::AGAIN) => {
             // Flow control: the fragment waits in order and goes out from progress.
             enqueue(state, f);
             sys::OPAL_SUCCESS
         }
-        Err(e) => {
+        Posted::Refused(f, e) => {
             log::warn!("fi_send on {}: {e}", state.provider);
+            // ob1 keeps the descriptor after an error, as before the call.
+            let _ = f.into_descriptor();
             e.to_opal()
         }
     }
 }
 
 /// Copy fragment `f` into `slot` and publish it.
-///
-/// # Safety
-/// `f` is a primed fragment with its header written; `slot` has room for its length.
 #[inline]
-unsafe fn fbox_write(f: *mut Frag, slot: crate::common::fbox::Slot<'_>) {
-    // SAFETY: the fragment holds its header (the tag first) and seg_len payload bytes.
-    unsafe {
-        let len = (*f).segment.seg_len as usize;
-        ptr::copy_nonoverlapping((*f).buf.add(HDR), slot.payload(), len);
-        slot.commit(len, *(*f).buf);
-    }
+fn fbox_write(f: &Frag, mut slot: crate::common::fbox::Slot<'_>) {
+    slot.payload_mut().copy_from_slice(f.payload());
+    slot.commit(f.len(), f.tag());
 }
 
 /// Send `f` through its peer's fast box when it fits one: at once when the box has
-/// room and nothing waits for it (`Some(1)`: complete, as an inject), else queued in
-/// order behind what waits (`Some(OPAL_SUCCESS)`: `drain_fbox` sends it and calls
-/// back). `None`: the fragment goes through the provider. A fragment that fits never
+/// room and nothing waits for it (`Ok(1)`: complete, as an inject), else queued in
+/// order behind what waits (`Ok(OPAL_SUCCESS)`: `drain_fbox` sends it and calls
+/// back). `Err`: the fragment goes through the provider. A fragment that fits never
 /// goes through the provider, so a peer's fragments that carry ob1's matching order
 /// arrive in that order (common::fbox).
-///
-/// # Safety
-/// `f` is ours, primed, header written; its endpoint came from add_procs.
-unsafe fn fbox_send(module: *mut Module, state: &State, f: *mut Frag) -> Option<c_int> {
-    // SAFETY: caller's contract.
-    let (peer, len) = unsafe { (&*(*f).endpoint, (*f).segment.seg_len as usize) };
-    let tx = peer.fbox.as_ref()?;
+fn fbox_send(module: &'static Module, state: &State, f: Box<Frag>) -> Result<c_int, Box<Frag>> {
+    let peer = f.peer();
+    let Some(tx) = peer.fbox.as_ref() else {
+        return Err(f);
+    };
+    let len = f.len();
     if len > tx.max() {
-        return None;
+        return Err(f);
     }
     if peer.fbox_waiting.load(Ordering::Acquire) == 0 {
         if let Some(slot) = tx.reserve(len) {
-            // SAFETY: the slot has room for len bytes; f is complete after.
-            unsafe {
-                fbox_write(f, slot);
-                finish_send(module, f, sys::OPAL_SUCCESS, false);
-            }
-            return Some(1);
+            fbox_write(&f, slot);
+            finish_send(module, f, sys::OPAL_SUCCESS, false);
+            return Ok(1);
         }
     }
     let mut q = lock(&state.fbox_queue);
     peer.fbox_waiting.fetch_add(1, Ordering::AcqRel);
     q.push_back(f);
     state.fbox_queued.store(true, Ordering::Relaxed);
-    Some(sys::OPAL_SUCCESS)
+    Ok(sys::OPAL_SUCCESS)
 }
 
 /// Send the fragments waiting for fast boxes, each peer's in order, as far as their
 /// boxes have room, and call back for each one sent. From progress only.
-pub(crate) fn drain_fbox(module: *mut Module) {
-    // SAFETY: module is live.
-    let state = unsafe { &(*module).state };
+pub(crate) fn drain_fbox(module: &'static Module) {
+    let state = &module.state;
     let mut sent = Vec::new();
     {
         let mut q = lock(&state.fbox_queue);
         let mut full: Vec<*mut PeerEp> = Vec::new();
-        q.retain(|&f| {
-            // SAFETY: queued fragments are ours, primed, with live endpoints (del_procs
-            // takes a peer's out before dropping the peer).
-            let (ep, len) = unsafe { ((*f).endpoint, (*f).segment.seg_len as usize) };
+        let mut i = 0;
+        while i < q.len() {
+            let f = &q[i];
+            // Queued fragments have live peers (del_procs takes a peer's out before
+            // dropping the peer).
+            let ep = f.endpoint();
             if full.contains(&ep) {
-                return true;
+                i += 1;
+                continue;
             }
-            // SAFETY: as above.
-            let peer = unsafe { &*ep };
+            let (peer, len) = (f.peer(), f.len());
             match peer.fbox.as_ref().and_then(|tx| tx.reserve(len)) {
                 Some(slot) => {
-                    // SAFETY: the slot has room for len bytes.
-                    unsafe { fbox_write(f, slot) };
-                    peer.fbox_waiting.fetch_sub(1, Ordering::AcqRel);
-                    sent.push(f);
-                    false
+                    if let Some(f) = q.remove(i) {
+                        fbox_write(&f, slot);
+                        peer.fbox_waiting.fetch_sub(1, Ordering::AcqRel);
+                        sent.push(f);
+                    }
                 }
                 None => {
                     full.push(ep);
-                    true
+                    i += 1;
                 }
             }
-        });
+        }
         state.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
     }
     for f in sent {
-        // SAFETY: sent: complete; its callback was deferred.
-        unsafe { finish_send(module, f, sys::OPAL_SUCCESS, true) };
+        // Sent: complete; its callback was deferred.
+        finish_send(module, f, sys::OPAL_SUCCESS, true);
     }
 }
 
 /// A peer is going: its fragments still waiting for its fast box fail (unreachable).
-///
-/// # Safety
-/// `module` is live; `peer` is live and no longer listed.
-pub(in crate::btl) unsafe fn forget_fbox_peer(module: *mut Module, peer: *mut PeerEp) {
-    // SAFETY: caller's contract.
-    let state = unsafe { &(*module).state };
+pub(in crate::btl) fn forget_fbox_peer(module: &'static Module, peer: *const PeerEp) {
+    let state = &module.state;
     let mut gone = Vec::new();
     {
         let mut q = lock(&state.fbox_queue);
-        q.retain(|&f| {
-            // SAFETY: queued fragments are ours.
-            if unsafe { (*f).endpoint } != peer {
-                return true;
+        let mut i = 0;
+        while i < q.len() {
+            if std::ptr::eq(q[i].endpoint(), peer) {
+                gone.extend(q.remove(i));
+            } else {
+                i += 1;
             }
-            gone.push(f);
-            false
-        });
+        }
         state.fbox_queued.store(!q.is_empty(), Ordering::Relaxed);
     }
     for f in gone {
-        // SAFETY: never sent: report the failure through its callback.
-        unsafe { finish_send(module, f, sys::OPAL_ERR_UNREACH, true) };
+        // Never sent: report the failure through its callback.
+        finish_send(module, f, sys::OPAL_ERR_UNREACH, true);
     }
 }

@@ -17,7 +17,6 @@ use crate::fabric::{InfoRef, MemoryRegion};
 use crate::ompi::params::btl as idx;
 use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::sync::Arc;
 
 /// `btl_ofi_rd_num`, within what the provider's receive queue holds, and at least
 /// what a provider that unexpected messages break needs.
@@ -61,7 +60,7 @@ pub(super) fn receive_buffer_count(
 pub(super) struct Registrations {
     pub(super) access: u64,
     pub(super) cache: Cache<MemoryRegion>,
-    pub(super) subscription: Option<release::SlotId>,
+    pub(super) subscription: Option<release::Subscription<rcache::Slots>>,
 }
 
 /// The access rights for the provider's capabilities `caps`, and the registration
@@ -89,8 +88,8 @@ pub(super) fn registration_cache(caps: u64) -> Result<Registrations, String> {
     }
     let cache = Cache::new(max_entries, max_bytes, release_events);
     let subscription = if cache.enabled() {
-        match release::subscribe(rcache::release_cb, Arc::as_ptr(cache.slots()) as usize) {
-            Ok(id) => Some(id),
+        match release::subscribe_shared(cache.slots()) {
+            Ok(sub) => Some(sub),
             Err(e) => {
                 return Err(format!(
                     "cannot subscribe the registration cache to memory releases: {e}"
@@ -131,14 +130,7 @@ pub(super) fn receive_mode(
         && !multi_unsafe
         && ctxs.iter().all(|c| {
             let min: usize = am::wire::HDR + frag_payload;
-            // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t.
-            let r = unsafe {
-                c.rx.setopt(
-                    fi::FI_OPT_ENDPOINT as i32,
-                    fi::FI_OPT_MIN_MULTI_RECV as i32,
-                    &min,
-                )
-            };
+            let r = c.rx.set_min_multi_recv(min);
             if let Err(err) = &r {
                 log::info!(
                     "provider {provider}: no minimum for multi-receive buffers ({err}); one \

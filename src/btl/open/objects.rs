@@ -280,12 +280,12 @@ pub(super) fn open_endpoints(
             &cq,
             &av,
         )?);
-        let ctx = Context {
+        let pair = Context {
             tx: Arc::clone(&ep),
             rx: Arc::clone(&ep),
             cq,
         };
-        (ep, vec![ctx])
+        (ep, vec![pair])
     };
     let name = ep.getname().map_err(|x| e("fi_getname", x))?;
     Ok((

@@ -16,14 +16,11 @@ use crate::common::policy::Policy;
 use crate::ompi::params::btl as idx;
 use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::sync::atomic::Ordering;
 
 /// The atomics the provider supports, as `btl_atomic_flags`, from `fi_query_atomic`.
-fn query_atomics(domain: *mut fi::fid_domain) -> u32 {
-    let ok = |dt: fi::fi_datatype, op: fi::fi_op, flags: u64| {
-        let mut attr = fi::fi_atomic_attr::default();
-        // SAFETY: the domain is open; attr is a valid out parameter.
-        unsafe { fi::fi_query_atomic(domain, dt, op, &mut attr, flags) == 0 }
+fn query_atomics(domain: &crate::fabric::Domain) -> u32 {
+    let ok = |datatype: fi::fi_datatype, op: fi::fi_op, flags: u64| {
+        domain.query_atomic(crate::fabric::AtomicOp { datatype, op }, flags)
     };
     let fetch = fi::FI_FETCH_ATOMIC;
     let mut flags = 0u32;
@@ -63,7 +60,7 @@ pub(super) fn choose_atomics(
     provider: &str,
 ) -> AtomicsChoice {
     let provider_atomics = if opened.atomics {
-        query_atomics(opened.domain.domain().as_ptr())
+        query_atomics(opened.domain.domain())
     } else {
         0
     };
@@ -129,9 +126,8 @@ pub(super) fn module_table(
     let info = opened.domain.info();
     let inject_size = info.inject_size();
     let max_msg = info.max_msg_size();
-    let template = TEMPLATE.load(Ordering::Acquire);
-    // SAFETY: the template was registered before init and is only read here.
-    let mut sup = unsafe { *template };
+    // Registered before init (read_config checks).
+    let mut sup = TEMPLATE.copy().unwrap_or_default();
     fill_table(&mut sup);
     sup.btl_component = crate::btl::component::mca_btl_ofi_component.get();
     sup.btl_max_send_size = sup
