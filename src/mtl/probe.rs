@@ -212,12 +212,16 @@ pub(super) fn iprobe_impl(
 }
 
 /// A message matched by mprobe: received in full into our buffer, waiting for mrecv.
-enum Claimed {
+pub(super) enum Claimed {
     /// Received by the fabric into our buffer.
     Fabric(Box<Request>),
     /// Taken off the software-matching unexpected list.
     Soft(super::softmatch::Unexpected),
 }
+
+// SAFETY: the MTL publishes no other type behind a message (`publish_message`), and the
+// BTL publishes none.
+unsafe impl ompi::message::Claim for Claimed {}
 
 pub(super) fn improbe_impl(
     e: &Entry,

@@ -7,14 +7,21 @@
 use super::comm::Comm;
 use super::glue;
 use ompi_sys as sys;
-use std::any::Any;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
+/// What a component keeps behind a published message.
+///
+/// # Safety
+/// The implementing type is the only one ever published in this process, so that
+/// [`Message::take`] reads back the type [`publish`] stored (the message carries no
+/// type of its own, and a second allocation to carry one would cost every mprobe).
+pub unsafe trait Claim: Sized {}
+
 /// Publish a matched message of `comm` from rank `peer`, `len` bytes long, with
-/// `claim` (the MTL's) behind it, which [`Message::take`] gives back. `None` when Open
-/// MPI has no handle left (the claim is dropped).
-pub fn publish<T: Any>(
+/// `claim` (the component's) behind it, which [`Message::take`] gives back. `None` when
+/// Open MPI has no handle left (the claim is dropped).
+pub fn publish<T: Claim>(
     comm: Comm,
     peer: c_int,
     len: usize,
@@ -25,13 +32,10 @@ pub fn publish<T: Any>(
     if msg.is_null() {
         return None;
     }
-    // The claim travels as a thin pointer to a `Box<dyn Any>`, so that taking it back
-    // checks its type.
-    let ours: Box<Box<dyn Any>> = Box::new(claim);
     // SAFETY: msg is a fresh message of Open MPI's, not yet shared.
     unsafe {
         (*msg).comm = comm.as_ptr();
-        (*msg).req_ptr = Box::into_raw(ours) as *mut c_void;
+        (*msg).req_ptr = Box::into_raw(claim) as *mut c_void;
         (*msg).peer = peer;
         (*msg).count = len;
     }
@@ -61,26 +65,21 @@ impl<'a> Message<'a> {
         unsafe { Comm::from_raw((**self.handle).comm) }
     }
 
-    /// Take the claim [`publish`] stored, if it is a `T` and was not taken yet.
-    pub fn take<T: Any>(&mut self) -> Option<Box<T>> {
-        // SAFETY: the invariant: a published message, req_ptr null or our claim.
-        let p = unsafe { (**self.handle).req_ptr } as *mut Box<dyn Any>;
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: p came from Box::into_raw in publish and is taken once (cleared
-        // below).
-        let ours = unsafe {
+    /// Take the claim [`publish`] stored, if it was not taken yet.
+    pub fn take<T: Claim>(&mut self) -> Option<Box<T>> {
+        // SAFETY: the invariant: a published message, whose req_ptr is null or the Box
+        // publish leaked, of T (the one claim type, `Claim`'s promise); taken once
+        // (cleared here).
+        unsafe {
+            let p = (**self.handle).req_ptr as *mut T;
             (**self.handle).req_ptr = ptr::null_mut();
-            Box::from_raw(p)
-        };
-        (*ours).downcast::<T>().ok()
+            (!p.is_null()).then(|| Box::from_raw(p))
+        }
     }
 
     /// Give the message back to Open MPI and set the caller's handle to
-    /// `MPI_MESSAGE_NULL` (a claim not taken is dropped first).
-    pub fn give_back(mut self) {
-        drop(self.take::<()>());
+    /// `MPI_MESSAGE_NULL` (the caller took its claim first).
+    pub fn give_back(self) {
         // SAFETY: the invariant: a published message, given back once (self is
         // consumed); ompi_message_null is Open MPI's static.
         unsafe {
