@@ -8,7 +8,7 @@
 //! (e.g. `sockets`, `net`); the test fails if that provider is unavailable.
 
 use libfabric_sys as fi;
-use ompi_ofi::common::select::{parse_list, select_provider, Selection};
+use ompi_ofi::common::select::{parse_list, select_provider, Criteria, Selection};
 use ompi_ofi::fabric::{
     AddressVector, AvAttr, CompletionQueue, CqAttr, Domain, Endpoint, Error, Fabric, Hints,
     InfoList, MemoryRegion, API_VERSION, FI_ADDR_UNSPEC,
@@ -46,7 +46,11 @@ fn hints(prov: &str) -> Hints {
 /// Select `prov` (include list = the name) or fail loudly.
 fn select(prov: &str) -> Selection {
     let include = parse_list(prov);
-    let sel = select_provider(&hints(prov), Some(&include), None, 0, None).unwrap_or_else(|e| {
+    let criteria = Criteria {
+        include: Some(&include),
+        ..Default::default()
+    };
+    let sel = select_provider(&hints(prov), &criteria).unwrap_or_else(|e| {
         panic!("provider {prov:?} with FI_EP_RDM + FI_TAGGED is not available: {e}")
     });
     log::info!("{prov}: {}", sel.reason);

@@ -5,8 +5,8 @@
 
 use libfabric_sys as fi;
 use ompi_ofi::common::select::{
-    filter_providers, is_in_list, parse_list, select_from_list, select_provider, NicMethod,
-    Selection, DEFAULT_EXCLUDE,
+    filter_providers, is_in_list, parse_list, select_from_list, select_provider, Criteria,
+    NicMethod, Selection, DEFAULT_EXCLUDE,
 };
 use ompi_ofi::fabric::{Error, Hints, InfoList, PciAddr};
 use std::cell::Cell;
@@ -32,8 +32,21 @@ fn hints(prov: Option<&str>) -> Hints {
 fn must_select(h: &Hints, include: Option<&str>, exclude: Option<&str>, rank: u32) -> Selection {
     let inc = include.map(parse_list);
     let exc = exclude.map(parse_list);
-    select_provider(h, inc.as_deref(), exc.as_deref(), rank, None)
+    let criteria = Criteria {
+        local_rank: rank,
+        ..lists(inc.as_deref(), exc.as_deref())
+    };
+    select_provider(h, &criteria)
         .unwrap_or_else(|e| panic!("no provider for include {include:?} exclude {exclude:?}: {e}"))
+}
+
+/// The provider lists alone (local rank 0, no locality, any NIC).
+fn lists<'a>(include: Option<&'a [String]>, exclude: Option<&'a [String]>) -> Criteria<'a> {
+    Criteria {
+        include,
+        exclude,
+        ..Default::default()
+    }
 }
 
 fn check_selection(sel: &Selection) {
@@ -102,7 +115,7 @@ fn include_list_picks_from_all_providers() {
         ("shm,udp", ""), // whichever of the two libfabric lists first
     ] {
         let inc = parse_list(include);
-        let sel = select_from_list(&list, Some(&inc), None, 0, None)
+        let sel = select_from_list(&list, &lists(Some(&inc), None))
             .unwrap_or_else(|e| panic!("include {include:?}: {e} (providers: {names:?})"));
         check_selection(&sel);
         if want.is_empty() {
@@ -116,7 +129,7 @@ fn include_list_picks_from_all_providers() {
     // does not match a layered name
     let inc = parse_list("ofi_rxm");
     assert_eq!(
-        select_from_list(&list, Some(&inc), None, 0, None).err(),
+        select_from_list(&list, &lists(Some(&inc), None)).err(),
         Some(Error::NODATA)
     );
 }
@@ -126,15 +139,14 @@ fn exclude_list_skips_in_order() {
     init_log();
     let list = InfoList::query(&hints(None)).expect("fi_getinfo");
     let exc = parse_list("tcp, udp");
-    let sel =
-        select_from_list(&list, None, Some(&exc), 0, None).expect("something besides tcp/udp");
+    let sel = select_from_list(&list, &lists(None, Some(&exc))).expect("something besides tcp/udp");
     check_selection(&sel);
     assert!(!is_in_list(&exc, &sel.provider), "{}", sel.provider);
     let allowed = filter_providers(list.iter(), None, Some(&exc));
     assert_eq!(allowed[0].provider_name(), sel.provider);
     // include wins when both are set (the caller warns)
     let inc = parse_list("udp");
-    let sel = select_from_list(&list, Some(&inc), Some(&exc), 0, None).expect("udp");
+    let sel = select_from_list(&list, &lists(Some(&inc), Some(&exc))).expect("udp");
     assert_eq!(sel.provider, "udp;ofi_rxd");
 }
 
@@ -156,7 +168,7 @@ fn default_exclude_leaves_no_local_provider() {
     for p in ["tcp;ofi_rxm", "udp;ofi_rxd", "shm", "sockets", "net"] {
         assert!(!left.contains(&p), "{p} survived the default exclude list");
     }
-    match select_from_list(&list, None, Some(&exc), 0, None) {
+    match select_from_list(&list, &lists(None, Some(&exc))) {
         Err(e) => assert_eq!(e, Error::NODATA),
         Ok(sel) => assert!(!is_in_list(&exc, &sel.provider)),
     }
@@ -173,9 +185,17 @@ fn nic_choice_by_local_rank() {
         calls.set(calls.get() + 1);
         Some(0)
     };
-    let first = select_from_list(&list, None, None, 0, None).expect("tcp");
+    let first = select_from_list(&list, &Criteria::default()).expect("tcp");
     for rank in 0..4 {
-        let sel = select_from_list(&list, None, None, rank, Some(&locality)).expect("tcp");
+        let sel = select_from_list(
+            &list,
+            &Criteria {
+                local_rank: rank,
+                locality: Some(&locality),
+                ..Default::default()
+            },
+        )
+        .expect("tcp");
         check_selection(&sel);
         assert_eq!(
             (sel.provider.as_str(), sel.fabric.as_str()),
@@ -224,6 +244,6 @@ fn domain_hint_restricts_to_loopback() {
 #[test]
 fn missing_provider_is_an_error_not_an_empty_success() {
     init_log();
-    let err = select_provider(&hints(Some("no_such_provider_xyz")), None, None, 0, None).err();
+    let err = select_provider(&hints(Some("no_such_provider_xyz")), &Criteria::default()).err();
     assert_eq!(err, Some(Error::NODATA));
 }

@@ -2,7 +2,7 @@
 
 use crate::common;
 use crate::ompi::component::{base_component, ffi_guard, Exported};
-use crate::ompi::params::{Owner, Registered, BTL};
+use crate::ompi::params::{Registered, BTL};
 use ompi_sys as sys;
 use std::sync::Mutex;
 
@@ -29,25 +29,21 @@ pub static mca_btl_ofi_component: Exported<sys::mca_btl_base_component_3_0_0_t> 
 /// The BTL's registered parameters (`btl_ofi_*`).
 pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
 
+extern "C" fn register() -> i32 {
+    mca_btl_ofi_component.register("btl register", BTL, &PARAMS, |header| {
+        common::register_params(header);
+        super::register_base_params();
+        super::stats::register();
+    })
+}
+
 /// The component header, for the modex and parameter registration.
 pub fn component() -> &'static sys::mca_base_component_t {
-    crate::ompi::btl::component_header(&mca_btl_ofi_component)
+    mca_btl_ofi_component.header()
 }
 
 pub fn component_ptr() -> *const sys::mca_base_component_t {
-    // `btl_version` is the first field of the `#[repr(C)]` component struct.
-    mca_btl_ofi_component.get() as *const sys::mca_base_component_t
-}
-
-extern "C" fn register() -> i32 {
-    ffi_guard("btl register", sys::OPAL_ERROR, || {
-        let reg = Registered::register(BTL, Owner::Component(component_ptr()));
-        *PARAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
-        common::register_params(component_ptr());
-        super::register_base_params();
-        super::stats::register();
-        sys::OPAL_SUCCESS
-    })
+    mca_btl_ofi_component.header_ptr()
 }
 
 extern "C" fn open() -> i32 {

@@ -282,52 +282,33 @@ pub struct Selection {
     pub reason: String,
 }
 
+/// What the caller asks of a selection besides the hints: the provider lists (the
+/// caller applies the default exclude list, or not), its local rank and a locality
+/// measure for the NIC choice, and the NIC policy. `Default` is no lists, local rank 0,
+/// no locality, any NIC.
+#[derive(Clone, Default)]
+pub struct Criteria<'a> {
+    pub include: Option<&'a [String]>,
+    pub exclude: Option<&'a [String]>,
+    pub local_rank: u32,
+    pub locality: Option<Locality<'a>>,
+    pub nics: NicPolicy,
+}
+
 /// Steps 1-3 on an existing list (see the module docs). `Err(NODATA)` when no entry
 /// survives the lists.
-pub fn select_from_list(
-    list: &InfoList,
-    include: Option<&[String]>,
-    exclude: Option<&[String]>,
-    local_rank: u32,
-    locality: Option<Locality<'_>>,
-) -> Result<Selection> {
-    select_from_entries(
-        list.iter().collect(),
+pub fn select_from_list(list: &InfoList, criteria: &Criteria<'_>) -> Result<Selection> {
+    select_from_entries(list.iter().collect(), criteria)
+}
+
+fn select_from_entries(entries: Vec<InfoRef<'_>>, criteria: &Criteria<'_>) -> Result<Selection> {
+    let Criteria {
         include,
         exclude,
         local_rank,
         locality,
-        &NicPolicy::default(),
-    )
-}
-
-/// [`select_from_list`] with a [`NicPolicy`].
-pub fn select_from_list_with(
-    list: &InfoList,
-    include: Option<&[String]>,
-    exclude: Option<&[String]>,
-    local_rank: u32,
-    locality: Option<Locality<'_>>,
-    nics: &NicPolicy,
-) -> Result<Selection> {
-    select_from_entries(
-        list.iter().collect(),
-        include,
-        exclude,
-        local_rank,
-        locality,
-        nics,
-    )
-}
-
-fn select_from_entries(
-    entries: Vec<InfoRef<'_>>,
-    include: Option<&[String]>,
-    exclude: Option<&[String]>,
-    local_rank: u32,
-    locality: Option<Locality<'_>>,
-    nics: &NicPolicy,
-) -> Result<Selection> {
+        ref nics,
+    } = *criteria;
     let total = entries.len();
     let allowed: Vec<InfoRef<'_>> = filter_providers(entries, include, exclude)
         .into_iter()
@@ -403,32 +384,7 @@ fn select_from_entries(
 /// A fabric or domain name in the hints is enforced here too: libfabric 1.17 ignores
 /// both for `tcp`, `tcp;ofi_rxm` and `udp;ofi_rxd` (asking for domain `lo` returns
 /// `eth0` first).
-pub fn select_provider(
-    hints: &Hints,
-    include: Option<&[String]>,
-    exclude: Option<&[String]>,
-    local_rank: u32,
-    locality: Option<Locality<'_>>,
-) -> Result<Selection> {
-    select_provider_with(
-        hints,
-        include,
-        exclude,
-        local_rank,
-        locality,
-        &NicPolicy::default(),
-    )
-}
-
-/// [`select_provider`] with a [`NicPolicy`].
-pub fn select_provider_with(
-    hints: &Hints,
-    include: Option<&[String]>,
-    exclude: Option<&[String]>,
-    local_rank: u32,
-    locality: Option<Locality<'_>>,
-    nics: &NicPolicy,
-) -> Result<Selection> {
+pub fn select_provider(hints: &Hints, criteria: &Criteria<'_>) -> Result<Selection> {
     let list = InfoList::query(hints)?;
     let want = hints.info();
     let (fabric, domain) = (want.fabric_name(), want.domain_name());
@@ -448,7 +404,7 @@ pub fn select_provider_with(
             keep
         })
         .collect();
-    select_from_entries(entries, include, exclude, local_rank, locality, nics)
+    select_from_entries(entries, criteria)
 }
 
 #[cfg(test)]

@@ -192,14 +192,14 @@ fn open_prepared(
 ) -> Result<DomainHandle, Decline> {
     let local_rank = crate::ompi::proc::local_rank() as u32;
     let locality = super::locality::pci_distance;
-    let mut selection = select::select_provider_with(
-        &req.hints,
-        include.as_deref(),
-        exclude.as_deref(),
+    let criteria = select::Criteria {
+        include: include.as_deref(),
+        exclude: exclude.as_deref(),
         local_rank,
-        Some(&locality),
-        &nics,
-    );
+        locality: Some(&locality),
+        nics,
+    };
+    let mut selection = select::select_provider(&req.hints, &criteria);
     if matches!(selection, Err(Error::NODATA)) {
         if let Some(t) = req.threading_fallback {
             let hints = req
@@ -207,14 +207,7 @@ fn open_prepared(
                 .try_clone()
                 .map_err(|e| Decline(format!("cannot copy fi_info hints: {e}")))?
                 .threading(t);
-            selection = select::select_provider_with(
-                &hints,
-                include.as_deref(),
-                exclude.as_deref(),
-                local_rank,
-                Some(&locality),
-                &nics,
-            );
+            selection = select::select_provider(&hints, &criteria);
         }
     }
     let sel: Selection = selection.map_err(|e| {
@@ -230,7 +223,7 @@ fn open_prepared(
                     .as_ref()
                     .map(|x| format!(", after opal_common_ofi_provider_exclude={}", x.join(",")))
                     .unwrap_or_default(),
-                nic_note(&nics),
+                nic_note(&criteria.nics),
             ),
             e => format!("fi_getinfo failed: {e}"),
         })

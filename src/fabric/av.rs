@@ -217,25 +217,11 @@ impl AddressVector {
             .map(|c| c.to_string_lossy().into_owned())
             .unwrap_or_default()
     }
-
-    /// The raw AV, for calls this crate does not wrap.
-    pub fn as_ptr(&self) -> *mut fi::fid_av {
-        self.fid.as_ptr()
-    }
-
-    pub(crate) fn as_fid(&self) -> *mut fi::fid {
-        // SAFETY: fid is a valid fid_av; taking the address of its embedded fid.
-        unsafe { &mut (*self.fid.as_ptr()).fid }
-    }
 }
 
-impl Drop for AddressVector {
-    fn drop(&mut self) {
-        // SAFETY: fid is open and owned (invariant); endpoints bound to this AV hold an
-        // Arc of it, so none is still open. The domain Arc is released afterwards.
-        unsafe { super::close_fid(self.as_fid(), "av") }
-    }
-}
+// Endpoints bound to this AV hold an Arc of it; the domain Arc is released after
+// the close.
+fid_owner!(AddressVector, fid_av, "av");
 
 impl fmt::Debug for AddressVector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

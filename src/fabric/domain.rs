@@ -89,27 +89,14 @@ impl Domain {
     pub fn mr_local(&self) -> bool {
         self.mr_mode() & fi::FI_MR_LOCAL != 0
     }
-
-    /// The raw domain, for calls this crate does not wrap (e.g. the memory monitor).
-    pub fn as_ptr(&self) -> *mut fi::fid_domain {
-        self.fid.as_ptr()
-    }
 }
 
-impl Drop for Domain {
-    fn drop(&mut self) {
-        // SAFETY: fid is open and owned (invariant); every child holds an Arc of us, so
-        // none is still open. The fabric Arc is released after this, so the fabric
-        // outlives the domain.
-        unsafe { super::close_fid(&mut (*self.fid.as_ptr()).fid, "domain") }
-    }
-}
+// Every child holds an Arc of the domain; the fabric Arc is released after the
+// close, so the fabric outlives the domain.
+fid_owner!(Domain, fid_domain, "domain");
 
 impl fmt::Debug for Domain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Domain")
-            .field("provider", &self.info().provider_name())
-            .field("name", &self.name())
-            .finish()
+        super::debug_provider_name(f, "Domain", self.info(), self.name())
     }
 }

@@ -50,26 +50,13 @@ impl Fabric {
     pub fn name(&self) -> &str {
         self.info.info().fabric_name()
     }
-
-    /// The raw fabric, for calls this crate does not wrap.
-    pub fn as_ptr(&self) -> *mut fi::fid_fabric {
-        self.fid.as_ptr()
-    }
 }
 
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        // SAFETY: fid is open and owned (invariant); every child holds an Arc of us,
-        // so none is still open.
-        unsafe { super::close_fid(&mut (*self.fid.as_ptr()).fid, "fabric") }
-    }
-}
+// Every domain holds an Arc of its fabric, so none is still open at the close.
+fid_owner!(Fabric, fid_fabric, "fabric");
 
 impl fmt::Debug for Fabric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Fabric")
-            .field("provider", &self.info().provider_name())
-            .field("name", &self.name())
-            .finish()
+        super::debug_provider_name(f, "Fabric", self.info(), self.name())
     }
 }

@@ -67,6 +67,44 @@ unsafe fn cstr<'a>(p: *const c_char) -> &'a str {
 // Hints
 // ---------------------------------------------------------------------------------
 
+/// Hints setters that store one value in one field of a sub-attribute struct: each
+/// `name(value: T) => attr.field;` becomes `pub fn name(self, value: T) -> Self`, which
+/// records a missing struct (see `Hints::done`) instead of writing it.
+macro_rules! attr_setters {
+    ($($(#[$doc:meta])* $name:ident($value:ident: $ty:ty) => $attr:ident.$field:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $value: $ty) -> Self {
+                let set = self.$attr().map(|a| a.$field = $value);
+                self.done(set)
+            }
+        )*
+    };
+}
+
+/// Getters of one field of a sub-attribute struct, which read 0 when the entry lacks
+/// that struct (0 is also every `*_UNSPEC` enumerator: `FI_EP_UNSPEC`,
+/// `FI_THREAD_UNSPEC`, ...). A row `name() -> T = attr.field;` becomes
+/// `pub fn name(&self) -> T`; a row `tx_name, rx_name -> T = field;` becomes the two
+/// getters of the field that `tx_attr` and `rx_attr` both have.
+macro_rules! attr_getters {
+    () => {};
+    ($(#[$doc:meta])* $name:ident() -> $ty:ty = $attr:ident.$field:ident; $($rest:tt)*) => {
+        $(#[$doc])*
+        pub fn $name(&self) -> $ty {
+            self.$attr().map_or(0, |a| a.$field)
+        }
+        attr_getters! { $($rest)* }
+    };
+    ($(#[$doc:meta])* $tx:ident, $rx:ident -> $ty:ty = $field:ident; $($rest:tt)*) => {
+        attr_getters! {
+            $(#[$doc])* $tx() -> $ty = tx.$field;
+            $(#[$doc])* $rx() -> $ty = rx.$field;
+            $($rest)*
+        }
+    };
+}
+
 /// Hints for `fi_getinfo`: an owned `fi_allocinfo` filled through a builder.
 ///
 /// ```no_run
@@ -246,55 +284,32 @@ impl Hints {
         self.raw().addr_format = format;
         self
     }
-    /// `ep_attr->type` (`FI_EP_RDM`, ...).
-    pub fn ep_type(mut self, t: fi::fi_ep_type) -> Self {
-        let set = self.ep_attr().map(|a| a.type_ = t);
-        self.done(set)
-    }
-    /// `ep_attr->mem_tag_format`.
-    pub fn mem_tag_format(mut self, format: u64) -> Self {
-        let set = self.ep_attr().map(|a| a.mem_tag_format = format);
-        self.done(set)
-    }
-    /// `ep_attr->max_msg_size`.
-    pub fn max_msg_size(mut self, size: usize) -> Self {
-        let set = self.ep_attr().map(|a| a.max_msg_size = size);
-        self.done(set)
+    attr_setters! {
+        /// `ep_attr->type` (`FI_EP_RDM`, ...).
+        ep_type(t: fi::fi_ep_type) => ep_attr.type_;
+        /// `ep_attr->mem_tag_format`.
+        mem_tag_format(format: u64) => ep_attr.mem_tag_format;
+        /// `ep_attr->max_msg_size`.
+        max_msg_size(size: usize) => ep_attr.max_msg_size;
     }
     /// `domain_attr->mr_mode`: the `FI_MR_*` bits the caller can handle.
     pub fn mr_mode(mut self, mr_mode: u32) -> Self {
         let set = self.domain_attr().map(|a| a.mr_mode = mr_mode as i32);
         self.done(set)
     }
-    /// `domain_attr->av_type` (`FI_AV_MAP`, `FI_AV_TABLE`).
-    pub fn av_type(mut self, t: fi::fi_av_type) -> Self {
-        let set = self.domain_attr().map(|a| a.av_type = t);
-        self.done(set)
-    }
-    /// `domain_attr->threading` (`FI_THREAD_SAFE`, `FI_THREAD_DOMAIN`, ...).
-    pub fn threading(mut self, t: fi::fi_threading) -> Self {
-        let set = self.domain_attr().map(|a| a.threading = t);
-        self.done(set)
-    }
-    /// `domain_attr->control_progress`.
-    pub fn control_progress(mut self, p: fi::fi_progress) -> Self {
-        let set = self.domain_attr().map(|a| a.control_progress = p);
-        self.done(set)
-    }
-    /// `domain_attr->data_progress`.
-    pub fn data_progress(mut self, p: fi::fi_progress) -> Self {
-        let set = self.domain_attr().map(|a| a.data_progress = p);
-        self.done(set)
-    }
-    /// `domain_attr->resource_mgmt` (`FI_RM_ENABLED`, ...).
-    pub fn resource_mgmt(mut self, r: fi::fi_resource_mgmt) -> Self {
-        let set = self.domain_attr().map(|a| a.resource_mgmt = r);
-        self.done(set)
-    }
-    /// `domain_attr->cq_data_size`: bytes of remote CQ data required.
-    pub fn cq_data_size(mut self, size: usize) -> Self {
-        let set = self.domain_attr().map(|a| a.cq_data_size = size);
-        self.done(set)
+    attr_setters! {
+        /// `domain_attr->av_type` (`FI_AV_MAP`, `FI_AV_TABLE`).
+        av_type(t: fi::fi_av_type) => domain_attr.av_type;
+        /// `domain_attr->threading` (`FI_THREAD_SAFE`, `FI_THREAD_DOMAIN`, ...).
+        threading(t: fi::fi_threading) => domain_attr.threading;
+        /// `domain_attr->control_progress`.
+        control_progress(p: fi::fi_progress) => domain_attr.control_progress;
+        /// `domain_attr->data_progress`.
+        data_progress(p: fi::fi_progress) => domain_attr.data_progress;
+        /// `domain_attr->resource_mgmt` (`FI_RM_ENABLED`, ...).
+        resource_mgmt(r: fi::fi_resource_mgmt) => domain_attr.resource_mgmt;
+        /// `domain_attr->cq_data_size`: bytes of remote CQ data required.
+        cq_data_size(size: usize) => domain_attr.cq_data_size;
     }
     /// `ep_attr->tx_ctx_cnt` and `rx_ctx_cnt`: the contexts of a scalable endpoint.
     pub fn ctx_cnt(mut self, n: usize) -> Self {
@@ -304,51 +319,31 @@ impl Hints {
         });
         self.done(set)
     }
-    /// `tx_attr->inject_size`: the minimum inject size required.
-    pub fn inject_size(mut self, size: usize) -> Self {
-        let set = self.tx_attr().map(|a| a.inject_size = size);
-        self.done(set)
-    }
-    /// `tx_attr->size`: transmit queue depth.
-    pub fn tx_size(mut self, size: usize) -> Self {
-        let set = self.tx_attr().map(|a| a.size = size);
-        self.done(set)
-    }
-    /// `rx_attr->size`: receive queue depth.
-    pub fn rx_size(mut self, size: usize) -> Self {
-        let set = self.rx_attr().map(|a| a.size = size);
-        self.done(set)
-    }
-    /// `rx_attr->total_buffered_recv`: room the provider keeps for messages that
-    /// arrive before their receive (a hint most providers ignore or cap).
-    pub fn total_buffered_recv(mut self, bytes: usize) -> Self {
-        let set = self.rx_attr().map(|a| a.total_buffered_recv = bytes);
-        self.done(set)
+    attr_setters! {
+        /// `tx_attr->inject_size`: the minimum inject size required.
+        inject_size(size: usize) => tx_attr.inject_size;
+        /// `tx_attr->size`: transmit queue depth.
+        tx_size(size: usize) => tx_attr.size;
+        /// `rx_attr->size`: receive queue depth.
+        rx_size(size: usize) => rx_attr.size;
+        /// `rx_attr->total_buffered_recv`: room the provider keeps for messages that
+        /// arrive before their receive (a hint most providers ignore or cap).
+        total_buffered_recv(bytes: usize) => rx_attr.total_buffered_recv;
     }
     /// `tx_attr->msg_order` and `rx_attr->msg_order` (`FI_ORDER_SAS`, ...).
     pub fn msg_order(self, order: u64) -> Self {
         self.tx_msg_order(order).rx_msg_order(order)
     }
-    /// `tx_attr->msg_order`.
-    pub fn tx_msg_order(mut self, order: u64) -> Self {
-        let set = self.tx_attr().map(|a| a.msg_order = order);
-        self.done(set)
-    }
-    /// `rx_attr->msg_order`.
-    pub fn rx_msg_order(mut self, order: u64) -> Self {
-        let set = self.rx_attr().map(|a| a.msg_order = order);
-        self.done(set)
-    }
-    /// `tx_attr->op_flags`: default flags of transmit operations
-    /// (e.g. `FI_COMPLETION` with selective completion).
-    pub fn tx_op_flags(mut self, flags: u64) -> Self {
-        let set = self.tx_attr().map(|a| a.op_flags = flags);
-        self.done(set)
-    }
-    /// `rx_attr->op_flags`: default flags of receive operations.
-    pub fn rx_op_flags(mut self, flags: u64) -> Self {
-        let set = self.rx_attr().map(|a| a.op_flags = flags);
-        self.done(set)
+    attr_setters! {
+        /// `tx_attr->msg_order`.
+        tx_msg_order(order: u64) => tx_attr.msg_order;
+        /// `rx_attr->msg_order`.
+        rx_msg_order(order: u64) => rx_attr.msg_order;
+        /// `tx_attr->op_flags`: default flags of transmit operations
+        /// (e.g. `FI_COMPLETION` with selective completion).
+        tx_op_flags(flags: u64) => tx_attr.op_flags;
+        /// `rx_attr->op_flags`: default flags of receive operations.
+        rx_op_flags(flags: u64) => rx_attr.op_flags;
     }
     /// `fabric_attr->prov_name`: a provider name, possibly layered (`"udp;ofi_rxd"`).
     /// libfabric matches it by name, so `"tcp"` also returns `tcp;ofi_rxm` for RDM.
@@ -634,96 +629,38 @@ impl<'a> InfoRef<'a> {
     pub fn mr_mode(&self) -> u32 {
         self.dom().map_or(0, |d| d.mr_mode as u32)
     }
-    pub fn mr_key_size(&self) -> usize {
-        self.dom().map_or(0, |d| d.mr_key_size)
-    }
-    pub fn ep_type(&self) -> fi::fi_ep_type {
-        self.ep().map_or(fi::FI_EP_UNSPEC, |e| e.type_)
-    }
-    pub fn protocol(&self) -> u32 {
-        self.ep().map_or(0, |e| e.protocol)
-    }
-    pub fn max_msg_size(&self) -> usize {
-        self.ep().map_or(0, |e| e.max_msg_size)
-    }
-    pub fn mem_tag_format(&self) -> u64 {
-        self.ep().map_or(0, |e| e.mem_tag_format)
-    }
-    pub fn tx_ctx_cnt(&self) -> usize {
-        self.ep().map_or(0, |e| e.tx_ctx_cnt)
-    }
     /// `domain_attr->max_ep_tx_ctx` and `max_ep_rx_ctx`, the smaller: how many
     /// contexts a scalable endpoint can have (1: no scalable endpoints).
     pub fn max_ep_ctx(&self) -> usize {
         self.dom()
             .map_or(0, |d| d.max_ep_tx_ctx.min(d.max_ep_rx_ctx))
     }
-    pub fn rx_ctx_cnt(&self) -> usize {
-        self.ep().map_or(0, |e| e.rx_ctx_cnt)
-    }
-    /// `tx_attr->inject_size`.
-    pub fn inject_size(&self) -> usize {
-        self.tx().map_or(0, |t| t.inject_size)
-    }
-    /// `tx_attr->size`.
-    pub fn tx_size(&self) -> usize {
-        self.tx().map_or(0, |t| t.size)
-    }
-    /// `rx_attr->size`.
-    pub fn rx_size(&self) -> usize {
-        self.rx().map_or(0, |r| r.size)
-    }
-    pub fn tx_caps(&self) -> u64 {
-        self.tx().map_or(0, |t| t.caps)
-    }
-    pub fn rx_caps(&self) -> u64 {
-        self.rx().map_or(0, |r| r.caps)
-    }
-    pub fn tx_msg_order(&self) -> u64 {
-        self.tx().map_or(0, |t| t.msg_order)
-    }
-    pub fn rx_msg_order(&self) -> u64 {
-        self.rx().map_or(0, |r| r.msg_order)
-    }
-    pub fn tx_op_flags(&self) -> u64 {
-        self.tx().map_or(0, |t| t.op_flags)
-    }
-    pub fn rx_op_flags(&self) -> u64 {
-        self.rx().map_or(0, |r| r.op_flags)
-    }
-    pub fn tx_iov_limit(&self) -> usize {
-        self.tx().map_or(0, |t| t.iov_limit)
-    }
-    pub fn rx_iov_limit(&self) -> usize {
-        self.rx().map_or(0, |r| r.iov_limit)
-    }
-    pub fn cq_data_size(&self) -> usize {
-        self.dom().map_or(0, |d| d.cq_data_size)
-    }
-    pub fn threading(&self) -> fi::fi_threading {
-        self.dom().map_or(fi::FI_THREAD_UNSPEC, |d| d.threading)
-    }
-    pub fn control_progress(&self) -> fi::fi_progress {
-        self.dom()
-            .map_or(fi::FI_PROGRESS_UNSPEC, |d| d.control_progress)
-    }
-    pub fn data_progress(&self) -> fi::fi_progress {
-        self.dom()
-            .map_or(fi::FI_PROGRESS_UNSPEC, |d| d.data_progress)
-    }
-    pub fn resource_mgmt(&self) -> fi::fi_resource_mgmt {
-        self.dom().map_or(fi::FI_RM_UNSPEC, |d| d.resource_mgmt)
-    }
-    pub fn av_type(&self) -> fi::fi_av_type {
-        self.dom().map_or(fi::FI_AV_UNSPEC, |d| d.av_type)
-    }
-    /// `domain_attr->mr_iov_limit`.
-    pub fn mr_iov_limit(&self) -> usize {
-        self.dom().map_or(0, |d| d.mr_iov_limit)
-    }
-    /// `domain_attr->max_err_data`.
-    pub fn max_err_data(&self) -> usize {
-        self.dom().map_or(0, |d| d.max_err_data)
+    attr_getters! {
+        /// `tx_attr->inject_size`.
+        inject_size() -> usize = tx.inject_size;
+        /// `tx_attr->size` and `rx_attr->size`: the queue depths.
+        tx_size, rx_size -> usize = size;
+        tx_caps, rx_caps -> u64 = caps;
+        tx_msg_order, rx_msg_order -> u64 = msg_order;
+        tx_op_flags, rx_op_flags -> u64 = op_flags;
+        tx_iov_limit, rx_iov_limit -> usize = iov_limit;
+        ep_type() -> fi::fi_ep_type = ep.type_;
+        protocol() -> u32 = ep.protocol;
+        max_msg_size() -> usize = ep.max_msg_size;
+        mem_tag_format() -> u64 = ep.mem_tag_format;
+        tx_ctx_cnt() -> usize = ep.tx_ctx_cnt;
+        rx_ctx_cnt() -> usize = ep.rx_ctx_cnt;
+        mr_key_size() -> usize = dom.mr_key_size;
+        cq_data_size() -> usize = dom.cq_data_size;
+        threading() -> fi::fi_threading = dom.threading;
+        control_progress() -> fi::fi_progress = dom.control_progress;
+        data_progress() -> fi::fi_progress = dom.data_progress;
+        resource_mgmt() -> fi::fi_resource_mgmt = dom.resource_mgmt;
+        av_type() -> fi::fi_av_type = dom.av_type;
+        /// `domain_attr->mr_iov_limit`.
+        mr_iov_limit() -> usize = dom.mr_iov_limit;
+        /// `domain_attr->max_err_data`.
+        max_err_data() -> usize = dom.max_err_data;
     }
 
     /// The NIC's PCI address, where the provider reports `nic->bus_attr` of type

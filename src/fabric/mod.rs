@@ -37,6 +37,41 @@
 //! bookkeeping. `-FI_EAGAIN` comes back as [`Error::AGAIN`] and means "progress, then
 //! retry".
 
+/// The owner's end of one libfabric object, for a type whose `fid: NonNull<fi::fid_*>`
+/// field is open and owned by the value alone (each type states this invariant), and
+/// whose children hold an `Arc` of it (see "Ownership and close order"): `as_ptr` and
+/// `as_fid` for the calls, and the `Drop` that closes the object once.
+macro_rules! fid_owner {
+    ($owner:ident, $raw:ident, $what:literal) => {
+        impl $owner {
+            /// The raw object, for calls this crate does not wrap.
+            #[inline]
+            pub fn as_ptr(&self) -> *mut libfabric_sys::$raw {
+                self.fid.as_ptr()
+            }
+
+            /// The object's embedded `struct fid`, for `fi_close` and `fi_*_bind`.
+            #[inline]
+            pub(crate) fn as_fid(&self) -> *mut libfabric_sys::fid {
+                // SAFETY: `fid` points to an open object (the type's invariant); this
+                // takes the address of its embedded `struct fid` and reads nothing.
+                unsafe { &raw mut (*self.fid.as_ptr()).fid }
+            }
+        }
+
+        impl Drop for $owner {
+            fn drop(&mut self) {
+                // SAFETY: `fid` is open and owned by this value alone (the type's
+                // invariant) and is never used after this call; every object opened
+                // under it holds an `Arc` of this owner, so none is still open, and the
+                // owner's own `Arc`s of its parents are released after this body (field
+                // drop order), so the parents outlive the close.
+                unsafe { $crate::fabric::close_fid(self.as_fid(), $what) }
+            }
+        }
+    };
+}
+
 pub mod av;
 pub mod buffer;
 pub mod cq;
@@ -58,7 +93,8 @@ pub use ep::Endpoint;
 pub use error::{check, to_result, Error, Result};
 pub use fabric::Fabric;
 pub use info::{
-    runtime_version, Hints, InfoIter, InfoList, InfoRef, OwnedInfo, PciAddr, API_VERSION,
+    runtime_version, version_string, Hints, InfoIter, InfoList, InfoRef, OwnedInfo, PciAddr,
+    API_VERSION,
 };
 pub use mr::MemoryRegion;
 pub use post::{CqRef, EpRef, RecvBuf, SendBuf, Serialized};
@@ -74,6 +110,19 @@ pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;
 pub const FI_ADDR_NOTAVAIL: fi_addr_t = u64::MAX;
 /// `FI_KEY_NOTAVAIL`: what `fi_mr_key` returns when the key is not (yet) available.
 pub const FI_KEY_NOTAVAIL: u64 = u64::MAX;
+
+/// `Debug` of an owner known by its provider and its own name (a fabric, a domain).
+fn debug_provider_name(
+    f: &mut std::fmt::Formatter<'_>,
+    owner: &str,
+    info: InfoRef<'_>,
+    name: &str,
+) -> std::fmt::Result {
+    f.debug_struct(owner)
+        .field("provider", &info.provider_name())
+        .field("name", &name)
+        .finish()
+}
 
 /// Close a fid from a `Drop` impl: never panics, logs a failure.
 ///

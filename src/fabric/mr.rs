@@ -129,20 +129,11 @@ impl MemoryRegion {
         // SAFETY: the region is open.
         check(unsafe { fi::fi_mr_enable(self.fid.as_ptr()) })
     }
-
-    /// The raw region, for calls this crate does not wrap.
-    pub fn as_ptr(&self) -> *mut fi::fid_mr {
-        self.fid.as_ptr()
-    }
 }
 
-impl Drop for MemoryRegion {
-    fn drop(&mut self) {
-        // SAFETY: fid is open and owned (invariant). The bound endpoint and the domain
-        // are released after this (field drop order).
-        unsafe { super::close_fid(&mut (*self.fid.as_ptr()).fid, "mr") }
-    }
-}
+// The endpoint the region is bound to (FI_MR_ENDPOINT) and the domain are released
+// after the close.
+fid_owner!(MemoryRegion, fid_mr, "mr");
 
 impl fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

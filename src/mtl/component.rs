@@ -2,7 +2,7 @@
 
 use crate::common;
 use crate::ompi::component::{base_component, ffi_guard, Exported};
-use crate::ompi::params::{Owner, Registered, MTL};
+use crate::ompi::params::{Registered, MTL};
 use ompi_sys as sys;
 use std::sync::Mutex;
 
@@ -28,26 +28,20 @@ pub static mca_mtl_ofi_component: Exported<sys::mca_mtl_base_component_2_0_0_t> 
 /// The MTL's registered parameters (`mtl_ofi_*`).
 pub static PARAMS: Mutex<Option<Registered>> = Mutex::new(None);
 
+extern "C" fn register() -> i32 {
+    mca_mtl_ofi_component.register("mtl register", MTL, &PARAMS, |header| {
+        common::register_params(header);
+        super::stats::register();
+    })
+}
+
 /// The component header, for the modex and parameter registration.
 pub fn component() -> &'static sys::mca_base_component_t {
-    // SAFETY: the exported static lives as long as the library; Open MPI only writes
-    // to it during MCA open/close, never while we hold this reference for a call.
-    unsafe { &*component_ptr() }
+    mca_mtl_ofi_component.header()
 }
 
 pub fn component_ptr() -> *const sys::mca_base_component_t {
-    // SAFETY: taking the address of a field of our static; nothing is dereferenced.
-    unsafe { &raw const (*mca_mtl_ofi_component.get()).mtl_version }
-}
-
-extern "C" fn register() -> i32 {
-    ffi_guard("mtl register", sys::OPAL_ERROR, || {
-        let reg = Registered::register(MTL, Owner::Component(component_ptr()));
-        *crate::common::sync::lock(&PARAMS) = Some(reg);
-        common::register_params(component_ptr());
-        super::stats::register();
-        sys::OPAL_SUCCESS
-    })
+    mca_mtl_ofi_component.header_ptr()
 }
 
 /// mca_base_select asks for a priority and a module; pml cm then calls `mtl_init`.

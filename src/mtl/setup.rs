@@ -97,15 +97,11 @@ pub(super) fn publish_module(layout: &TagLayout) -> *mut sys::mca_mtl_base_modul
     // Open MPI hands out ids below mtl_max_contextid: every id the layout carries.
     let max_cid = (layout.max_cid() as u64 + 1).min(i32::MAX as u64) as i32;
     MAX_CID.store(max_cid as u32, Ordering::Relaxed);
-    let m = MODULE.get();
-    // SAFETY: the module is ours, and pml cm reads these fields only after init
-    // returns it.
-    unsafe {
-        (*m).mtl_max_contextid = max_cid;
-        (*m).mtl_max_tag = layout.max_tag();
-        (*m).mtl_request_size = REQUEST_EXTRA;
-    }
-    m
+    MODULE.publish_limits(crate::ompi::mtl_module::MtlLimits {
+        max_contextid: max_cid,
+        max_tag: layout.max_tag(),
+        request_size: REQUEST_EXTRA,
+    })
 }
 
 /// Scratch that receives end with on providers where truncation stalls: address space

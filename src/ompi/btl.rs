@@ -487,13 +487,3 @@ pub fn job_locality() -> (i32, u32) {
         )
     }
 }
-
-/// The generic component header of a BTL component struct.
-pub fn component_header(
-    c: &'static crate::ompi::component::Exported<sys::mca_btl_base_component_3_0_0_t>,
-) -> &'static sys::mca_base_component_t {
-    // SAFETY: `btl_version` is the first field of the exported static, which lives as
-    // long as the library; Open MPI writes it only during MCA open and close, never
-    // while a component call holds this reference.
-    unsafe { &(*c.get()).btl_version }
-}

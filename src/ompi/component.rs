@@ -1,10 +1,13 @@
 //! Building the component structs Open MPI loads, and the panic barrier every
 //! `extern "C"` entry point goes through.
 
+use super::params::{Owner, ParamSpec, Registered};
 use ompi_sys as sys;
 use std::cell::UnsafeCell;
+use std::mem::offset_of;
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 
 /// This project's own component version, shown by `ompi_info` so that users (and
 /// tests) can tell our components from the C ones.
@@ -26,6 +29,58 @@ impl<T> Exported<T> {
     }
     pub fn get(&self) -> *mut T {
         self.0.get()
+    }
+}
+
+/// A framework's component struct, which embeds the MCA header every component has.
+pub trait ComponentStruct {
+    /// Where the header lies in the struct.
+    const HEADER_OFFSET: usize;
+}
+
+impl ComponentStruct for sys::mca_btl_base_component_3_0_0_t {
+    const HEADER_OFFSET: usize = offset_of!(Self, btl_version);
+}
+
+impl ComponentStruct for sys::mca_mtl_base_component_2_0_0_t {
+    const HEADER_OFFSET: usize = offset_of!(Self, mtl_version);
+}
+
+impl<T: ComponentStruct> Exported<T> {
+    /// The component's MCA header, for calls that take the component (the modex,
+    /// parameter and pvar registration). Computing it reads nothing.
+    pub fn header_ptr(&self) -> *const sys::mca_base_component_t {
+        self.get()
+            .cast::<u8>()
+            .wrapping_add(T::HEADER_OFFSET)
+            .cast()
+    }
+
+    /// The component's MCA header as a reference, for the modex.
+    pub fn header(&'static self) -> &'static sys::mca_base_component_t {
+        // SAFETY: the header lies inside this exported static, which lives as long as
+        // the library; Open MPI writes to it only during MCA open and close, which do
+        // not overlap the calls that hold this reference.
+        unsafe { &*self.header_ptr() }
+    }
+
+    /// The component's `register` entry point: its own parameter table, kept in
+    /// `params` for its later reads, then `more` (the common parameters, statistics,
+    /// ...) with the component's header.
+    pub fn register(
+        &'static self,
+        what: &str,
+        table: &'static [ParamSpec],
+        params: &Mutex<Option<Registered>>,
+        more: impl FnOnce(*const sys::mca_base_component_t),
+    ) -> i32 {
+        ffi_guard(what, sys::OPAL_ERROR, || {
+            let header = self.header_ptr();
+            let reg = Registered::register(table, Owner::Component(header));
+            *crate::common::sync::lock(params) = Some(reg);
+            more(header);
+            sys::OPAL_SUCCESS
+        })
     }
 }
 

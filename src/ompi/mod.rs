@@ -10,6 +10,7 @@ pub mod glue;
 pub mod memhooks;
 pub mod message;
 pub mod modex;
+pub mod mtl_module;
 pub mod output;
 pub mod params;
 pub mod proc;

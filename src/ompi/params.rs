@@ -269,37 +269,45 @@ impl Registered {
             (sys::MCA_BASE_VAR_SCOPE_READONLY, 0)
         };
         let level = sys::OPAL_INFO_LVL_1 + spec.level - 1;
+        // `mca_base_component_var_register` is `mca_base_var_register` under the
+        // component's three names with `MCA_BASE_VAR_FLAG_DWG` (deregister with the
+        // component) added, so both owners go through the one call.
+        let (project, framework, component, flags) = match owner {
+            Owner::Common => (
+                c"opal".as_ptr(),
+                c"opal_common".as_ptr(),
+                c"ofi".as_ptr(),
+                flags,
+            ),
+            // SAFETY: `c` is the header inside one of our exported component statics,
+            // which live as long as the library; taking the addresses of its name
+            // arrays reads nothing.
+            Owner::Component(c) => unsafe {
+                (
+                    (*c).mca_project_name.as_ptr(),
+                    (*c).mca_type_name.as_ptr(),
+                    (*c).mca_component_name.as_ptr(),
+                    flags | sys::MCA_BASE_VAR_FLAG_DWG,
+                )
+            },
+        };
         // SAFETY: every pointer is valid for the call; the storage cell outlives the
         // variable (never freed), the enumerator is retained by Open MPI.
         let idx = unsafe {
-            match owner {
-                Owner::Common => sys::mca_base_var_register(
-                    c"opal".as_ptr(),
-                    c"opal_common".as_ptr(),
-                    c"ofi".as_ptr(),
-                    name.as_ptr(),
-                    help.as_ptr(),
-                    ty,
-                    enumerator,
-                    0,
-                    flags,
-                    level,
-                    scope,
-                    cell as *mut c_void,
-                ),
-                Owner::Component(c) => sys::mca_base_component_var_register(
-                    c,
-                    name.as_ptr(),
-                    help.as_ptr(),
-                    ty,
-                    enumerator,
-                    0,
-                    flags,
-                    level,
-                    scope,
-                    cell as *mut c_void,
-                ),
-            }
+            sys::mca_base_var_register(
+                project,
+                framework,
+                component,
+                name.as_ptr(),
+                help.as_ptr(),
+                ty,
+                enumerator,
+                0,
+                flags,
+                level,
+                scope,
+                cell as *mut c_void,
+            )
         };
         if !enumerator.is_null() {
             // SAFETY: we own one reference from mca_base_var_enum_create; Open MPI

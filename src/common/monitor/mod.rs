@@ -47,7 +47,6 @@
 //! caching explicitly instead of silently leaving libfabric on its own memhooks.
 
 use crate::ompi::error::OpalCode;
-use std::ffi::{c_char, c_void, CStr};
 use std::fmt;
 use std::ptr::null_mut;
 use std::str::FromStr;
@@ -55,12 +54,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use libfabric_sys as fi;
-use libfabric_sys::macros::{fi_major, fi_minor, fi_version};
+use libfabric_sys::macros::fi_version;
 use ompi_sys as ompi;
 
 use super::patch_check;
 use super::release::{self, ReleaseStats};
-use crate::fabric::{check, Error};
+use crate::fabric::{self, check, Error};
 
 mod export;
 mod hooks;
@@ -210,7 +209,7 @@ impl Probe {
     }
 
     fn version(&self) -> String {
-        version_string(self.libfabric_version)
+        fabric::version_string(self.libfabric_version)
     }
 
     /// Why `opal` cannot be used, if it cannot.
@@ -648,7 +647,7 @@ fn setup_inner(
     let probe = Probe {
         opal_support: support,
         opal_patcher_active: support & FREE_AND_MUNMAP != 0 || patches.openmpi_patched(),
-        libfabric_version: libfabric_runtime_version(),
+        libfabric_version: fabric::runtime_version(),
         userfaultfd: probe_userfaultfd(),
     };
     let plan = decide(choice, &probe).map_err(MonitorError::Declined)?;
@@ -835,32 +834,4 @@ fn release_held(hooks: &dyn OpalHooks, held: &mut Held) -> Result<(), MonitorErr
         Some(e) => Err(e),
         None => Ok(()),
     }
-}
-
-/// libfabric's name for a version, e.g. "1.17".
-pub fn version_string(v: u32) -> String {
-    format!("{}.{}", fi_major(v), fi_minor(v))
-}
-
-/// The `mr_cache_monitor` value libfabric sees in the environment, if initialised.
-pub fn libfabric_monitor_variable() -> Option<String> {
-    let mut value: *mut c_char = null_mut();
-    // SAFETY: as in `libfabric_initialised`; on success `value` points into the
-    // environment (getenv), which we copy at once.
-    let r = unsafe {
-        fi::fi_param_get(
-            null_mut(),
-            c"mr_cache_monitor".as_ptr(),
-            (&mut value as *mut *mut c_char).cast::<c_void>(),
-        )
-    };
-    if r != 0 || value.is_null() {
-        return None;
-    }
-    // SAFETY: non-null NUL-terminated string from getenv.
-    Some(
-        unsafe { CStr::from_ptr(value) }
-            .to_string_lossy()
-            .into_owned(),
-    )
 }

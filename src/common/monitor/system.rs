@@ -1,11 +1,11 @@
 //! Probes of the running system the monitor's choice depends on: whether
-//! userfaultfd is usable here, libfabric's runtime version, and whether libfabric has
-//! run its one-time initialisation yet.
+//! userfaultfd is usable here, whether libfabric has run its one-time initialisation
+//! yet, and the monitor it reads from the environment.
 //!
 //! What it owns: those probes and their explanations. What it must not touch: the
 //! choice itself (`mod.rs`).
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::null_mut;
 
 use libfabric_sys as fi;
@@ -89,15 +89,9 @@ fn explain_uffd_error(err: &std::io::Error) -> String {
     }
 }
 
-/// The version of the libfabric loaded at run time.
-pub fn libfabric_runtime_version() -> u32 {
-    // SAFETY: fi_version has no preconditions.
-    unsafe { fi::fi_version() }
-}
-
-/// Has libfabric run its one-time initialisation (`fi_ini`)? `fi_ini` defines the core
-/// variable `mr_cache_monitor`; before it, `fi_param_get` does not know the name.
-pub fn libfabric_initialised() -> bool {
+/// `fi_param_get` of the core variable `mr_cache_monitor`: libfabric's return code and,
+/// on success, the value it read from the environment (NULL when unset).
+fn mr_cache_monitor_param() -> (c_int, *mut c_char) {
     let mut value: *mut c_char = null_mut();
     // SAFETY: a NULL provider means the core provider; the name is NUL-terminated and
     // `value` is a valid `char *` slot for a string parameter.
@@ -108,7 +102,28 @@ pub fn libfabric_initialised() -> bool {
             (&mut value as *mut *mut c_char).cast::<c_void>(),
         )
     };
-    r != -(fi::FI_ENOENT as i32)
+    (r, value)
+}
+
+/// Has libfabric run its one-time initialisation (`fi_ini`)? `fi_ini` defines the core
+/// variable `mr_cache_monitor`; before it, `fi_param_get` does not know the name.
+pub fn libfabric_initialised() -> bool {
+    mr_cache_monitor_param().0 != -(fi::FI_ENOENT as i32)
+}
+
+/// The `mr_cache_monitor` value libfabric sees in the environment, if initialised.
+pub fn libfabric_monitor_variable() -> Option<String> {
+    let (r, value) = mr_cache_monitor_param();
+    if r != 0 || value.is_null() {
+        return None;
+    }
+    // SAFETY: on success a non-NULL `value` points into the environment (libfabric
+    // reads it with getenv), a NUL-terminated string copied here at once.
+    Some(
+        unsafe { CStr::from_ptr(value) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// Run libfabric's initialisation with a `fi_getinfo` that matches no provider.

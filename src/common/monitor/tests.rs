@@ -15,6 +15,24 @@ fn probe(support: u32, patcher: bool, version: (u32, u32), uffd: bool) -> Probe 
 
 const BOTH: u32 = FREE_AND_MUNMAP;
 
+/// The mechanism `decide` picks, for a choice it must honour.
+#[track_caller]
+fn chosen(choice: MonitorChoice, p: &Probe) -> Active {
+    decide(choice, p).unwrap().active
+}
+
+/// `text` contains `part`; on failure the whole text is shown.
+#[track_caller]
+fn says(text: &str, part: &str) {
+    assert!(text.contains(part), "{text:?} does not contain {part:?}");
+}
+
+/// `text` ends with `tail`; on failure the whole text is shown.
+#[track_caller]
+fn ends_with(text: &str, tail: &str) {
+    assert!(text.ends_with(tail), "{text:?} does not end with {tail:?}");
+}
+
 #[test]
 fn parse_is_case_insensitive_and_lists_valid_values() {
     assert_eq!("auto".parse(), Ok(MonitorChoice::Auto));
@@ -35,46 +53,28 @@ fn parse_is_case_insensitive_and_lists_valid_values() {
 #[test]
 fn auto_prefers_opal_then_userfaultfd_then_disabled() {
     let p = probe(BOTH, true, (1, 17), true);
-    assert_eq!(
-        decide(MonitorChoice::Auto, &p).unwrap().active,
-        Active::Opal
-    );
+    assert_eq!(chosen(MonitorChoice::Auto, &p), Active::Opal);
 
     // hooks without munmap support are not enough
     let p = probe(ompi::OPAL_MEMORY_FREE_SUPPORT, true, (1, 17), true);
     let plan = decide(MonitorChoice::Auto, &p).unwrap();
     assert_eq!(plan.active, Active::Userfaultfd);
-    assert!(plan.reason.contains("support level 0x1"), "{}", plan.reason);
+    says(&plan.reason, "support level 0x1");
 
     // libfabric too old for the import
     let p = probe(BOTH, true, (1, 13), true);
     let plan = decide(MonitorChoice::Auto, &p).unwrap();
     assert_eq!(plan.active, Active::Userfaultfd);
-    assert!(
-        plan.reason.contains("1.13 is older than 1.14"),
-        "{}",
-        plan.reason
-    );
+    says(&plan.reason, "1.13 is older than 1.14");
 
     // nothing usable: caching disabled, and it says so; never memhooks
     let p = probe(BOTH, true, (1, 13), false);
     let plan = decide(MonitorChoice::Auto, &p).unwrap();
     assert_eq!(plan.active, Active::CachingDisabled);
-    assert!(
-        plan.reason.contains("caching is disabled"),
-        "{}",
-        plan.reason
-    );
-    assert!(
-        plan.reason.contains("Open MPI's patcher is active"),
-        "{}",
-        plan.reason
-    );
+    says(&plan.reason, "caching is disabled");
+    says(&plan.reason, "Open MPI's patcher is active");
     let p = probe(0, false, (1, 17), false);
-    assert_eq!(
-        decide(MonitorChoice::Auto, &p).unwrap().active,
-        Active::CachingDisabled
-    );
+    assert_eq!(chosen(MonitorChoice::Auto, &p), Active::CachingDisabled);
 }
 
 #[test]
@@ -82,32 +82,21 @@ fn explicit_choices_that_cannot_be_honoured_decline_with_alternatives() {
     let no_hooks = probe(0, false, (1, 17), true);
     let d = decide(MonitorChoice::Opal, &no_hooks).unwrap_err();
     assert_eq!(d.choice, MonitorChoice::Opal);
-    assert!(d.message.contains("support level 0x0"), "{}", d.message);
-    assert!(
-        d.message
-            .ends_with("working alternatives here: userfaultfd, memhooks, disabled"),
-        "{}",
-        d.message
+    says(&d.message, "support level 0x0");
+    ends_with(
+        &d.message,
+        "working alternatives here: userfaultfd, memhooks, disabled",
     );
 
     let no_uffd = probe(BOTH, true, (1, 17), false);
     let d = decide(MonitorChoice::Userfaultfd, &no_uffd).unwrap_err();
-    assert!(d.message.contains("permission denied"), "{}", d.message);
-    assert!(
-        d.message.ends_with("alternatives here: opal, disabled"),
-        "{}",
-        d.message
-    );
+    says(&d.message, "permission denied");
+    ends_with(&d.message, "alternatives here: opal, disabled");
 
     let patcher = probe(BOTH, true, (1, 17), true);
     let d = decide(MonitorChoice::Memhooks, &patcher).unwrap_err();
-    assert!(d.message.contains("two patchers"), "{}", d.message);
-    assert!(
-        d.message
-            .ends_with("alternatives here: opal, userfaultfd, disabled"),
-        "{}",
-        d.message
-    );
+    says(&d.message, "two patchers");
+    ends_with(&d.message, "alternatives here: opal, userfaultfd, disabled");
 
     // the patch check alone (support level 0) also counts as an active patcher
     let d = decide(MonitorChoice::Memhooks, &probe(0, true, (1, 17), true)).unwrap_err();
@@ -117,25 +106,16 @@ fn explicit_choices_that_cannot_be_honoured_decline_with_alternatives() {
 #[test]
 fn explicit_choices_that_can_be_honoured() {
     let p = probe(BOTH, true, (1, 17), true);
-    assert_eq!(
-        decide(MonitorChoice::Opal, &p).unwrap().active,
-        Active::Opal
-    );
-    assert_eq!(
-        decide(MonitorChoice::Userfaultfd, &p).unwrap().active,
-        Active::Userfaultfd
-    );
-    assert_eq!(
-        decide(MonitorChoice::Disabled, &p).unwrap().active,
-        Active::CachingDisabled
-    );
+    assert_eq!(chosen(MonitorChoice::Opal, &p), Active::Opal);
+    assert_eq!(chosen(MonitorChoice::Userfaultfd, &p), Active::Userfaultfd);
+    assert_eq!(chosen(MonitorChoice::Disabled, &p), Active::CachingDisabled);
     let no_patcher = probe(0, false, (1, 17), false);
     assert_eq!(
-        decide(MonitorChoice::Memhooks, &no_patcher).unwrap().active,
+        chosen(MonitorChoice::Memhooks, &no_patcher),
         Active::Memhooks
     );
     assert_eq!(
-        decide(MonitorChoice::Disabled, &no_patcher).unwrap().active,
+        chosen(MonitorChoice::Disabled, &no_patcher),
         Active::CachingDisabled
     );
 }
