@@ -286,7 +286,7 @@ fn sendi(
             .encode();
             b[..HDR].copy_from_slice(&h);
             msg.write(&mut b[HDR..])
-                .map(|()| state.fi(|| state.tx().inject_bytes(b, state.to(peer.addr))))
+                .map(|()| state.fi(|s| state.tx().inject(s, b, state.to(peer.addr))))
         });
         match sent {
             Err(_) => return sys::OPAL_ERROR,

@@ -230,8 +230,8 @@ impl State {
 
     /// The transmit context of this thread.
     #[inline(always)]
-    pub fn tx(&self) -> &Endpoint {
-        &self.ctxs[self.ctx_index()].tx
+    pub fn tx(&self) -> crate::fabric::EpRef<'_> {
+        self.ctxs[self.ctx_index()].tx.data_path()
     }
 
     /// `addr` (a peer's AV address) aimed at the peer's receive context that pairs
@@ -273,16 +273,10 @@ impl State {
         self.amo || self.put_by_read
     }
 
-    /// Run one libfabric call under the threading lock.
+    /// Run one libfabric call under the threading lock, with the lock's proof (the
+    /// one proof this module's posts and polls take, for its one domain).
     #[inline]
-    pub fn fi<R>(&self, f: impl FnOnce() -> R) -> R {
-        let _g = self.fi_lock.lock();
-        f()
-    }
-
-    /// [`State::fi`] for calls that take the lock's proof (reading a CQ).
-    #[inline]
-    pub fn fi_serial<R>(&self, f: impl FnOnce(&crate::fabric::Serialized<'_>) -> R) -> R {
+    pub fn fi<R>(&self, f: impl FnOnce(&crate::fabric::Serialized<'_>) -> R) -> R {
         let g = self.fi_lock.lock();
         f(&g.serialized())
     }

@@ -146,7 +146,7 @@ fn progress_cq(module: &'static Module, cq: &CompletionQueue, budget: usize) -> 
     };
     loop {
         let want = CHUNK.min(budget - total.min(budget)).max(1);
-        let r = state.fi_serial(|s| cq.read_uninit(s, &mut entries[..want]));
+        let r = state.fi(|s| cq.read_uninit(s, &mut entries[..want]));
         match r {
             Ok(completed) => {
                 let n = completed.len();
@@ -161,7 +161,7 @@ fn progress_cq(module: &'static Module, cq: &CompletionQueue, budget: usize) -> 
                 }
             }
             Err(err) if err == crate::fabric::Error::AVAIL => {
-                let entry = state.fi_serial(|s| cq.readerr(s));
+                let entry = state.fi(|s| cq.readerr(s));
                 match entry {
                     Ok(Some(ce)) => {
                         let seen = state.cq_errors.fetch_add(1, Ordering::Relaxed);

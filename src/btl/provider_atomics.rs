@@ -137,10 +137,10 @@ fn atomic_op(r: Req, aop: AtomicOp, operand: u64) -> c_int {
         // non-fetching atomic completes when it has been applied at the target (osc
         // rdma flushes and unlocks on it).
         post_op(o, Local::NONE, |ctx, _, operand, _| {
-            state.fi(|| {
+            state.fi(|s| {
                 state
                     .tx()
-                    .post_atomic(operand, remote, aop, ctx, state.delivery)
+                    .atomic(s, operand, remote, aop, ctx, state.delivery)
             })
         })
     })
@@ -220,10 +220,10 @@ fn atomic_fop(r: Req, aop: AtomicOp, operand: u64) -> c_int {
         // The operand in the op, the result in the caller's registered buffer; both
         // live until the completion.
         post_op(o, result, |ctx, result, operand, _| {
-            state.fi(|| {
+            state.fi(|s| {
                 state
                     .tx()
-                    .post_fetch_atomic(operand, result, remote, aop, ctx)
+                    .fetch_atomic(s, operand, result, remote, aop, ctx)
             })
         })
     })
@@ -295,10 +295,10 @@ fn atomic_cswap(r: Req, dt: fi::fi_datatype, compare: u64, value: u64) -> c_int 
         // Value and compare live in the op, the result in the caller's registered
         // buffer, until the completion.
         post_op(o, result, |ctx, result, operand, cmp| {
-            state.fi(|| {
+            state.fi(|s| {
                 state
                     .tx()
-                    .post_compare_atomic(operand, cmp, result, remote, dt, ctx)
+                    .compare_atomic(s, operand, cmp, result, remote, dt, ctx)
             })
         })
     })

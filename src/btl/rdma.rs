@@ -462,7 +462,7 @@ fn rma(state: &State, dir: Dir, local: Local, remote: Remote, op: Box<RdmaOp>) -
         0
     };
     post_op(op, local, |ctx, local, _, _| {
-        state.fi(|| state.tx().post_rma(dir, local, remote, ctx, flags))
+        state.fi(|s| state.tx().rma(s, dir, local, remote, ctx, flags))
     })
 }
 

@@ -1,8 +1,9 @@
-//! What the provider reaches by address, as types: [`Local`] (a local range it may
-//! read or write until an operation completes), [`Buffer`] (C-heap memory with one
-//! owner), [`Scratch`] (its per-operation space) and [`OpContext`] (the pointer a
-//! completion hands back). Their `unsafe` constructors carry the lifetime contract
-//! once, where the memory is set up, so that posting with them is safe (`rma.rs`).
+//! What the provider reaches by address, as types, for both components: [`Local`] (a
+//! local range it may read or write until an operation completes), [`Buffer`] (C-heap
+//! memory with one owner), [`Scratch`] (its per-operation space) and [`OpContext`]
+//! (the pointer a completion hands back). Their `unsafe` constructors carry the
+//! lifetime contract once, where the memory is set up, so that posting with them is
+//! safe (`post.rs`).
 //!
 //! What it owns: the memory of each [`Buffer`]. What it must not touch: Open MPI, and
 //! what the operations mean (that is their owner's).
@@ -59,21 +60,27 @@ impl Scratch {
 
 /// The context of one operation: what the provider keeps its scratch space at and
 /// hands back in the completion. Made only by [`Scratch::context`] and
-/// [`post::op_context`](super::post::op_context), whose contracts keep it valid until
-/// the completion is reaped.
+/// [`OpContext::new`], whose contracts keep it valid until the completion is reaped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpContext(*mut c_void);
 
 impl OpContext {
+    /// The context of one operation at `ctx`, an `fi_context2` the provider may use as
+    /// scratch (`FI_CONTEXT`/`FI_CONTEXT2` mode) and that the completion hands back:
+    /// for a component whose contexts live in structures of its own layout (the MTL's
+    /// requests) rather than in a [`Scratch`].
+    ///
+    /// # Safety
+    /// `ctx` stays valid, and neither read nor written by anyone but the provider, from
+    /// each post that uses it until that operation's completion is reaped.
+    #[inline(always)]
+    pub unsafe fn new(ctx: NonNull<fi::fi_context2>) -> OpContext {
+        OpContext(ctx.as_ptr().cast())
+    }
+
     #[inline(always)]
     pub fn as_ptr(self) -> *mut c_void {
         self.0
-    }
-
-    /// For `post::op_context`, whose `unsafe` contract is this type's.
-    #[inline(always)]
-    pub(super) fn from_raw(p: *mut c_void) -> OpContext {
-        OpContext(p)
     }
 }
 
@@ -100,11 +107,12 @@ impl Local {
     /// `len` bytes at `addr`, registered under `desc` (or null).
     ///
     /// # Safety
-    /// `[addr, addr + len)` is mapped and stays valid for the provider to read, and
-    /// for reads and fetching atomics to write, with nothing else writing it, until
-    /// the completion of every operation posted with this range (or a part of it) is
-    /// reaped; `desc` is null or the descriptor of a registration covering the range
-    /// that lives as long.
+    /// `[addr, addr + len)` (nothing when `len` is 0) is mapped and stays valid for
+    /// the provider to read, with nothing else writing it, and, when it is posted to
+    /// be written (a receive, a read, a fetching atomic's result), for the provider to
+    /// write, with nothing else reading it, until the completion of every operation
+    /// posted with this range (or a part of it) is reaped; `desc` is null or the
+    /// descriptor of a registration covering the range that lives as long.
     #[inline(always)]
     pub unsafe fn new(addr: *mut c_void, len: usize, desc: *mut c_void) -> Local {
         Local { addr, len, desc }

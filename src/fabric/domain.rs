@@ -100,3 +100,16 @@ impl fmt::Debug for Domain {
         super::debug_provider_name(f, "Domain", self.info(), self.name())
     }
 }
+
+impl Domain {
+    /// Whether the provider offers atomic `op.op` on `op.datatype` for the kind of
+    /// atomic `flags` names (0, `FI_FETCH_ATOMIC` or `FI_COMPARE_ATOMIC`):
+    /// `fi_query_atomic`.
+    pub fn query_atomic(&self, op: super::AtomicOp, flags: u64) -> bool {
+        let mut attr = libfabric_sys::fi_atomic_attr::default();
+        // SAFETY: the domain is open; attr is a valid out parameter.
+        unsafe {
+            libfabric_sys::fi_query_atomic(self.as_ptr(), op.datatype, op.op, &mut attr, flags) == 0
+        }
+    }
+}

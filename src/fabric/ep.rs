@@ -1,6 +1,7 @@
 //! [`Endpoint`]: the owner of a `fid_ep` (`fi_endpoint`), with the control calls (bind,
-//! enable, getname, setopt) as safe methods and the data-path calls as `unsafe`
-//! `#[inline]` one-call wrappers taking raw pointers, for the MTL and BTL hot paths.
+//! enable, getname, setopt) as safe methods, and the few tagged calls the fabric tests
+//! drive with raw pointers (`tests/fabric.rs`) as `unsafe` one-call wrappers. The
+//! components post through the typed API of `post.rs` ([`Endpoint::data_path`]).
 //!
 //! Every posting method returns `Ok(())` when the operation was queued,
 //! `Err(Error::AGAIN)` when the provider is out of resources (progress the CQs and
@@ -16,7 +17,7 @@ use super::domain::Domain;
 use super::error::{check, Error, Result};
 use super::info::InfoRef;
 use libfabric_sys as fi;
-use libfabric_sys::{fi_addr_t, fi_msg_tagged, iovec};
+use libfabric_sys::fi_addr_t;
 use std::ffi::c_void;
 use std::fmt;
 use std::ptr::{self, NonNull};
@@ -257,7 +258,8 @@ impl Endpoint {
     }
 
     // ----------------------------------------------------------------------------
-    // Data path. Common safety contract of every method below:
+    // Raw tagged calls, for the fabric tests (the components use `post.rs`). Common
+    // safety contract of every method below:
     // - every buffer (and iovec/desc array and message struct) passed in stays valid,
     //   and is neither freed nor (for receives and RMA targets) read or written by
     //   anyone else, until the operation's completion is reaped from the CQ (for the
@@ -291,29 +293,6 @@ impl Endpoint {
         posted(unsafe { fi::fi_tsend(self.fid.as_ptr(), buf, len, desc, dest, tag, context) })
     }
 
-    /// `fi_tsenddata`: with remote CQ data.
-    ///
-    /// # Safety
-    /// The buffer must stay valid until the completion is reaped; see the data-path
-    /// contract in the source above.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tsenddata(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        data: u64,
-        dest: fi_addr_t,
-        tag: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe {
-            fi::fi_tsenddata(self.fid.as_ptr(), buf, len, desc, data, dest, tag, context)
-        })
-    }
-
     /// `fi_tinject`: the buffer may be reused when the call returns; no completion.
     /// `len` must not exceed the domain's inject size.
     ///
@@ -329,23 +308,6 @@ impl Endpoint {
     ) -> Result<()> {
         // SAFETY: the endpoint is open; the rest is the caller's contract.
         posted(unsafe { fi::fi_tinject(self.fid.as_ptr(), buf, len, dest, tag) })
-    }
-
-    /// `fi_tinjectdata`: [`Endpoint::tinject`] with remote CQ data.
-    ///
-    /// # Safety
-    /// `buf` is valid for `len` bytes for the call; see the data-path contract.
-    #[inline]
-    pub unsafe fn tinjectdata(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        data: u64,
-        dest: fi_addr_t,
-        tag: u64,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_tinjectdata(self.fid.as_ptr(), buf, len, data, dest, tag) })
     }
 
     /// `fi_trecv`: match `tag` with the bits of `ignore` ignored.
@@ -371,304 +333,6 @@ impl Endpoint {
         })
     }
 
-    /// `fi_tsendv`: gather from `count` iovecs.
-    ///
-    /// # Safety
-    /// The iovecs' buffers must stay valid until the completion is reaped; `iov` and
-    /// `desc` (NULL or `count` entries) are valid for the call; see the data-path
-    /// contract.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tsendv(
-        &self,
-        iov: *const iovec,
-        desc: *mut *mut c_void,
-        count: usize,
-        dest: fi_addr_t,
-        tag: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_tsendv(self.fid.as_ptr(), iov, desc, count, dest, tag, context) })
-    }
-
-    /// `fi_trecvv`: scatter into `count` iovecs.
-    ///
-    /// # Safety
-    /// The iovecs' buffers must stay valid until the completion is reaped; see the
-    /// data-path contract.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn trecvv(
-        &self,
-        iov: *const iovec,
-        desc: *mut *mut c_void,
-        count: usize,
-        src: fi_addr_t,
-        tag: u64,
-        ignore: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe {
-            fi::fi_trecvv(
-                self.fid.as_ptr(),
-                iov,
-                desc,
-                count,
-                src,
-                tag,
-                ignore,
-                context,
-            )
-        })
-    }
-
-    /// `fi_tsendmsg` with `flags` (`FI_REMOTE_CQ_DATA`, `FI_INJECT`,
-    /// `FI_COMPLETION`, `FI_TRANSMIT_COMPLETE`, ...).
-    ///
-    /// # Safety
-    /// `msg` and its arrays are valid for the call; the buffers it describes stay valid
-    /// until the completion is reaped; see the data-path contract.
-    #[inline]
-    pub unsafe fn tsendmsg(&self, msg: *const fi_msg_tagged, flags: u64) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_tsendmsg(self.fid.as_ptr(), msg, flags) })
-    }
-
-    /// `fi_trecvmsg` with `flags` (`FI_PEEK`, `FI_CLAIM`, `FI_DISCARD`, ...).
-    ///
-    /// # Safety
-    /// As [`Endpoint::tsendmsg`]; with `FI_PEEK | FI_CLAIM` the context must stay valid
-    /// until the claiming receive completes.
-    #[inline]
-    pub unsafe fn trecvmsg(&self, msg: *const fi_msg_tagged, flags: u64) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_trecvmsg(self.fid.as_ptr(), msg, flags) })
-    }
-
-    /// `fi_send` (untagged message).
-    ///
-    /// # Safety
-    /// The buffer must stay valid until the completion is reaped; see the data-path
-    /// contract.
-    #[inline]
-    pub unsafe fn send(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        dest: fi_addr_t,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_send(self.fid.as_ptr(), buf, len, desc, dest, context) })
-    }
-
-    /// `fi_senddata` (untagged, with remote CQ data).
-    ///
-    /// # Safety
-    /// The buffer must stay valid until the completion is reaped; see the data-path
-    /// contract.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn senddata(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        data: u64,
-        dest: fi_addr_t,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_senddata(self.fid.as_ptr(), buf, len, desc, data, dest, context) })
-    }
-
-    /// `fi_recv` (untagged message).
-    ///
-    /// # Safety
-    /// The buffer must stay valid, and untouched by anyone else, until the completion
-    /// is reaped; see the data-path contract.
-    #[inline]
-    pub unsafe fn recv(
-        &self,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
-        src: fi_addr_t,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_recv(self.fid.as_ptr(), buf, len, desc, src, context) })
-    }
-
-    /// `fi_recvmsg` of one multi-receive buffer (`FI_MULTI_RECV`) from any source.
-    ///
-    /// # Safety
-    /// As [`Endpoint::recv`].
-    #[inline]
-    pub unsafe fn recv_multi(
-        &self,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { recv_multi(self.fid.as_ptr(), buf, len, desc, context) })
-    }
-
-    /// `fi_inject` (untagged, buffer reusable on return, no completion).
-    ///
-    /// # Safety
-    /// `buf` is valid for `len` bytes for the call; see the data-path contract.
-    #[inline]
-    pub unsafe fn inject(&self, buf: *const c_void, len: usize, dest: fi_addr_t) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_inject(self.fid.as_ptr(), buf, len, dest) })
-    }
-
-    /// `fi_read`: RMA read of `len` bytes at remote `addr` (registration `key`) into
-    /// `buf`.
-    ///
-    /// # Safety
-    /// The local buffer must stay valid, and untouched, until the completion is reaped;
-    /// the remote region must stay registered until then; see the data-path contract.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn read(
-        &self,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
-        src: fi_addr_t,
-        addr: u64,
-        key: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_read(self.fid.as_ptr(), buf, len, desc, src, addr, key, context) })
-    }
-
-    /// `fi_readmsg` of one buffer with explicit operation `flags` (`FI_COMPLETION` is
-    /// always added), for flags the endpoint does not have by default.
-    ///
-    /// # Safety
-    /// As [`Endpoint::read`].
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn read_flags(
-        &self,
-        buf: *mut c_void,
-        len: usize,
-        desc: *mut c_void,
-        src: fi_addr_t,
-        addr: u64,
-        key: u64,
-        context: *mut c_void,
-        flags: u64,
-    ) -> Result<()> {
-        with_rma_msg(buf, len, desc, src, addr, key, context, |msg| {
-            // SAFETY: the endpoint is open; msg and what it points to live during the
-            // call (the provider copies them); the buffers are the caller's contract.
-            posted(unsafe {
-                fi::fi_readmsg(self.fid.as_ptr(), msg, flags | fi::FI_COMPLETION as u64)
-            })
-        })
-    }
-
-    /// `fi_write`: RMA write of `buf` to remote `addr` (registration `key`).
-    ///
-    /// # Safety
-    /// The local buffer must stay valid until the completion is reaped; the remote
-    /// region must stay registered until then; see the data-path contract.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        dest: fi_addr_t,
-        addr: u64,
-        key: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe { fi::fi_write(self.fid.as_ptr(), buf, len, desc, dest, addr, key, context) })
-    }
-
-    /// `fi_writemsg` of one buffer with explicit `flags` (`FI_COMPLETION` is added):
-    /// for `FI_DELIVERY_COMPLETE` on a write, which a provider may not apply from the
-    /// endpoint's default op flags.
-    ///
-    /// # Safety
-    /// As [`Endpoint::write`].
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write_flags(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        dest: fi_addr_t,
-        addr: u64,
-        key: u64,
-        context: *mut c_void,
-        flags: u64,
-    ) -> Result<()> {
-        with_rma_msg(
-            buf as *mut c_void,
-            len,
-            desc,
-            dest,
-            addr,
-            key,
-            context,
-            |msg| {
-                // SAFETY: the endpoint is open; msg and what it points to live during the
-                // call (the provider copies them); the buffers are the caller's contract.
-                posted(unsafe {
-                    fi::fi_writemsg(self.fid.as_ptr(), msg, flags | fi::FI_COMPLETION as u64)
-                })
-            },
-        )
-    }
-
-    /// `fi_writedata`: [`Endpoint::write`] with remote CQ data.
-    ///
-    /// # Safety
-    /// As [`Endpoint::write`].
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn writedata(
-        &self,
-        buf: *const c_void,
-        len: usize,
-        desc: *mut c_void,
-        data: u64,
-        dest: fi_addr_t,
-        addr: u64,
-        key: u64,
-        context: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the endpoint is open; the rest is the caller's contract.
-        posted(unsafe {
-            fi::fi_writedata(
-                self.fid.as_ptr(),
-                buf,
-                len,
-                desc,
-                data,
-                dest,
-                addr,
-                key,
-                context,
-            )
-        })
-    }
-
     /// `fi_cancel` of the operation posted with `context`. A cancelled operation
     /// completes with an error entry (`FI_ECANCELED`) that must still be reaped before
     /// its buffers and context are released.
@@ -680,6 +344,21 @@ impl Endpoint {
     pub unsafe fn cancel(&self, context: *mut c_void) -> Result<()> {
         // SAFETY: the endpoint is open; the rest is the caller's contract.
         posted(unsafe { fi::fi_cancel(self.as_fid(), context) })
+    }
+}
+
+impl Endpoint {
+    /// `FI_OPT_MIN_MULTI_RECV`: the provider releases a multi-receive buffer once less
+    /// than `min` bytes are left in it.
+    pub fn set_min_multi_recv(&self, min: usize) -> Result<()> {
+        // SAFETY: FI_OPT_MIN_MULTI_RECV takes a size_t, which `min` is.
+        unsafe {
+            self.setopt(
+                fi::FI_OPT_ENDPOINT as i32,
+                fi::FI_OPT_MIN_MULTI_RECV as i32,
+                &min,
+            )
+        }
     }
 }
 
@@ -699,71 +378,6 @@ impl fmt::Debug for Endpoint {
             .field("fid", &self.fid)
             .finish()
     }
-}
-
-/// Run `f` with the `fi_msg_rma` of one local buffer and one remote range (the form
-/// `fi_readmsg` and `fi_writemsg` take); the message points at locals of this call.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-fn with_rma_msg<R>(
-    buf: *mut c_void,
-    len: usize,
-    desc: *mut c_void,
-    peer: fi_addr_t,
-    addr: u64,
-    key: u64,
-    context: *mut c_void,
-    f: impl FnOnce(&fi::fi_msg_rma) -> R,
-) -> R {
-    let iov = fi::iovec {
-        iov_base: buf,
-        iov_len: len,
-    };
-    let mut d = desc;
-    let rma = fi::fi_rma_iov { addr, len, key };
-    let msg = fi::fi_msg_rma {
-        msg_iov: &iov,
-        desc: &mut d,
-        iov_count: 1,
-        addr: peer,
-        rma_iov: &rma,
-        rma_iov_count: 1,
-        context,
-        data: 0,
-    };
-    f(&msg)
-}
-
-/// `fi_recvmsg(ep, ...)` of one multi-receive buffer (`FI_MULTI_RECV`) from any source;
-/// the provider's return value. For the data paths that keep raw endpoint pointers.
-///
-/// # Safety
-/// `ep` is an open endpoint; `buf` (and `desc`, a descriptor or null) stay valid until
-/// the provider releases the buffer or the endpoint closes; `context` as for `fi_recv`.
-#[inline]
-pub unsafe fn recv_multi(
-    ep: *mut fi::fid_ep,
-    buf: *mut c_void,
-    len: usize,
-    desc: *mut c_void,
-    context: *mut c_void,
-) -> isize {
-    let mut iov = libc::iovec {
-        iov_base: buf,
-        iov_len: len,
-    };
-    let mut desc = desc;
-    let msg = fi::fi_msg {
-        msg_iov: &mut iov as *mut libc::iovec as *const _,
-        desc: &mut desc,
-        iov_count: 1,
-        addr: u64::MAX, // FI_ADDR_UNSPEC
-        context,
-        data: 0,
-    };
-    // SAFETY: msg and what it points to live for the call (the provider copies them);
-    // the rest is the caller's contract.
-    unsafe { fi::fi_recvmsg(ep, &msg, fi::FI_MULTI_RECV as u64) }
 }
 
 /// The bytes a receive completion reports in a buffer of `cap` bytes at `base`: `len`

@@ -83,7 +83,6 @@ pub mod fabric;
 pub mod info;
 pub mod mr;
 pub mod post;
-pub mod rma;
 
 pub use av::{AddressVector, AvAttr};
 pub use buffer::{Buffer, Local, OpContext, Scratch};
@@ -97,8 +96,7 @@ pub use info::{
     API_VERSION,
 };
 pub use mr::MemoryRegion;
-pub use post::{CqRef, EpRef, RecvBuf, SendBuf, Serialized};
-pub use rma::{AtomicOp, Dir, Remote};
+pub use post::{AtomicOp, CqRef, Dir, EpRef, Remote, Serialized};
 
 pub use libfabric_sys::{
     fi_addr_t, fi_context, fi_context2, fi_cq_tagged_entry, fi_msg_tagged, iovec,

@@ -1,11 +1,13 @@
-//! The data path's safe view of the fabric. The unsafe part of posting an operation is
-//! three promises, each carried by a type whose constructor is `unsafe`:
+//! The data path's one posting API, for both components. The unsafe part of posting
+//! an operation is three promises, each carried by a type whose constructor is
+//! `unsafe`:
 //! - [`Serialized`]: no other thread calls into the domain's objects now (or the domain
 //!   is `FI_THREAD_SAFE`); the lock that serialises progress hands it out;
-//! - [`SendBuf`] / [`RecvBuf`]: the memory stays valid (and, for a receive, untouched by
-//!   anyone but the provider) until the operation's completion is reaped;
-//! - [`OpContext`]: the context stays valid until then, and the completion hands it
-//!   back.
+//! - [`Local`] (`buffer.rs`): the memory stays valid for the operation's accesses (and,
+//!   where the provider writes it, untouched by anyone else) until its completion is
+//!   reaped;
+//! - [`OpContext`] (`buffer.rs`): the context stays valid until then, and the
+//!   completion hands it back.
 //!
 //! Given those, [`EpRef`] posts and [`CqRef`] polls with safe `#[inline]` one-call
 //! methods: no allocation, no lock, no reference count per call. Both are borrowed
@@ -13,10 +15,20 @@
 //! [`CompletionQueue::tagged`]), or, for a component that keeps the owner elsewhere,
 //! from the raw fid with the promise that it stays open ([`EpRef::from_raw`]).
 //!
-//! What it owns: discharging the data-path contract of `ep.rs`. What it must not touch:
-//! opening or closing objects (the owners').
+//! # Which domain a `Serialized` is for
+//! The proof is not branded with its domain: a brand would have to travel in every
+//! `EpRef` and be compared on every post. Misuse is ruled out by where proofs come
+//! from instead. The crate makes them only in `MaybeLockGuard::serialized`
+//! (`common::sync`), and each lock serialises exactly one domain: the MTL opens one
+//! domain and posts under its `Mtl::lock` only; each BTL module opens one domain and
+//! posts only under its own `State::fi_lock` (`State::fi`), on endpoints of
+//! that `State`. A proof borrows its guard, so it cannot outlive the lock it stands
+//! for.
+//!
+//! What it owns: discharging the data-path contract of libfabric's posting calls.
+//! What it must not touch: opening or closing objects (the owners').
 
-use super::buffer::OpContext;
+use super::buffer::{Local, OpContext};
 use super::cq::CompletionQueue;
 use super::ep::Endpoint;
 use super::error::{Error, Result};
@@ -43,109 +55,28 @@ impl Serialized<'_> {
     }
 }
 
-/// The context of one operation at `ctx`, an `fi_context2` the provider may use as
-/// scratch (`FI_CONTEXT`/`FI_CONTEXT2` mode) and that the completion hands back: for a
-/// component whose contexts live in structures of its own layout (the MTL's requests)
-/// rather than in a [`Scratch`](super::buffer::Scratch).
-///
-/// # Safety
-/// `ctx` stays valid, and neither read nor written by anyone but the provider, from
-/// each post that uses it until that operation's completion is reaped.
-#[inline(always)]
-pub unsafe fn op_context(ctx: NonNull<fi::fi_context2>) -> OpContext {
-    OpContext::from_raw(ctx.as_ptr().cast())
+/// Which way an RMA operation moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    Write,
+    Read,
 }
 
-/// Memory a send reads.
-#[derive(Clone, Copy, Debug)]
-pub struct SendBuf {
-    ptr: *const u8,
-    len: usize,
+/// The far side of an RMA or atomic operation: the peer, the target address as its
+/// registration expects it, and the registration's key. Safe to name: the peer's
+/// provider lets an operation reach only what the key registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    pub peer: fi_addr_t,
+    pub addr: u64,
+    pub key: u64,
 }
 
-impl SendBuf {
-    /// No data (a zero-byte message).
-    pub const EMPTY: SendBuf = SendBuf {
-        ptr: ptr::null(),
-        len: 0,
-    };
-
-    /// # Safety
-    /// `ptr` holds `len` readable bytes (or `len` is 0) that stay valid and unchanged
-    /// until the completion of every operation posted with the buffer is reaped.
-    #[inline(always)]
-    pub unsafe fn new(ptr: *const u8, len: usize) -> Self {
-        SendBuf { ptr, len }
-    }
-
-    #[inline(always)]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    #[inline(always)]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    #[inline(always)]
-    fn iov(self) -> fi::iovec {
-        fi::iovec {
-            iov_base: self.ptr as *mut c_void,
-            iov_len: self.len,
-        }
-    }
-}
-
-/// Memory a receive (or an RMA read) writes.
-#[derive(Clone, Copy, Debug)]
-pub struct RecvBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl RecvBuf {
-    /// No room (a zero-byte receive).
-    pub const EMPTY: RecvBuf = RecvBuf {
-        ptr: ptr::null_mut(),
-        len: 0,
-    };
-
-    /// # Safety
-    /// `ptr` holds `len` writable bytes (or `len` is 0) that stay valid, and that no
-    /// one but the provider reads or writes, until the completion of every operation
-    /// posted with the buffer is reaped.
-    #[inline(always)]
-    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
-        RecvBuf { ptr, len }
-    }
-
-    #[inline(always)]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    #[inline(always)]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The first `n` bytes (at most all of them), under the same promise.
-    #[inline(always)]
-    pub fn prefix(self, n: usize) -> RecvBuf {
-        RecvBuf {
-            ptr: self.ptr,
-            len: n.min(self.len),
-        }
-    }
-
-    #[inline(always)]
-    fn iov(self) -> fi::iovec {
-        fi::iovec {
-            iov_base: self.ptr.cast(),
-            iov_len: self.len,
-        }
-    }
+/// An atomic's datatype and operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicOp {
+    pub datatype: fi::fi_datatype,
+    pub op: fi::fi_op,
 }
 
 /// Map a posting call's return value: 0 is success, negative is an error.
@@ -155,6 +86,26 @@ fn posted(ret: isize) -> Result<()> {
         Ok(())
     } else {
         Err(Error::from_ret(ret))
+    }
+}
+
+/// The iovec of a range.
+#[inline(always)]
+fn iov(l: Local) -> fi::iovec {
+    fi::iovec {
+        iov_base: l.addr(),
+        iov_len: l.len(),
+    }
+}
+
+/// The descriptor array of a two-range vector operation: null when neither range has
+/// a descriptor (what a provider without `FI_MR_LOCAL` is given), else both.
+#[inline(always)]
+fn descs2(d: &mut [*mut c_void; 2]) -> *mut *mut c_void {
+    if d[0].is_null() && d[1].is_null() {
+        ptr::null_mut()
+    } else {
+        d.as_mut_ptr()
     }
 }
 
@@ -197,19 +148,20 @@ impl<'a> EpRef<'a> {
     pub fn tsend(
         self,
         _s: &Serialized<'_>,
-        buf: SendBuf,
+        buf: Local,
         dest: fi_addr_t,
         tag: u64,
         data: Option<u64>,
         ctx: OpContext,
     ) -> Result<()> {
-        let (p, len, c) = (buf.ptr.cast(), buf.len, ctx.as_ptr());
-        // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid until
-        // the completion (their constructors' promises); calls are serialised (`_s`).
+        let (p, len, d, c) = (buf.addr(), buf.len(), buf.desc(), ctx.as_ptr());
+        // SAFETY: the endpoint is open for 'a; `Local` keeps the buffer (and its
+        // descriptor) valid and `OpContext` the context until the completion is reaped;
+        // `_s` says no other thread is in the domain.
         posted(unsafe {
             match data {
-                Some(d) => fi::fi_tsenddata(self.ep(), p, len, ptr::null_mut(), d, dest, tag, c),
-                None => fi::fi_tsend(self.ep(), p, len, ptr::null_mut(), dest, tag, c),
+                Some(cqd) => fi::fi_tsenddata(self.ep(), p, len, d, cqd, dest, tag, c),
+                None => fi::fi_tsend(self.ep(), p, len, d, dest, tag, c),
             }
         })
     }
@@ -226,8 +178,8 @@ impl<'a> EpRef<'a> {
         data: Option<u64>,
     ) -> Result<()> {
         let (p, len) = (buf.as_ptr().cast(), buf.len());
-        // SAFETY: the endpoint is open for 'a; buf is valid for the call, which copies it;
-        // calls are serialised (`_s`).
+        // SAFETY: the endpoint is open for 'a; an inject reads `buf` only during the
+        // call, for which the borrow keeps it valid; `_s` serialises the domain.
         posted(unsafe {
             match data {
                 Some(d) => fi::fi_tinjectdata(self.ep(), p, len, d, dest, tag),
@@ -243,8 +195,8 @@ impl<'a> EpRef<'a> {
     pub fn trecv(
         self,
         _s: &Serialized<'_>,
-        buf: RecvBuf,
-        overflow: RecvBuf,
+        buf: Local,
+        overflow: Local,
         src: fi_addr_t,
         tag: u64,
         ignore: u64,
@@ -252,30 +204,21 @@ impl<'a> EpRef<'a> {
     ) -> Result<()> {
         let c = ctx.as_ptr();
         if overflow.is_empty() {
-            // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid
-            // until the completion (their constructors' promises); calls are serialised.
-            return posted(unsafe {
-                fi::fi_trecv(
-                    self.ep(),
-                    buf.ptr.cast(),
-                    buf.len,
-                    ptr::null_mut(),
-                    src,
-                    tag,
-                    ignore,
-                    c,
-                )
-            });
+            let (p, len, d) = (buf.addr(), buf.len(), buf.desc());
+            // SAFETY: the endpoint is open for 'a; `Local` keeps the buffer writable by
+            // the provider alone and `OpContext` the context valid until the completion
+            // is reaped; `_s` serialises the domain.
+            return posted(unsafe { fi::fi_trecv(self.ep(), p, len, d, src, tag, ignore, c) });
         }
-        let iov = [buf.iov(), overflow.iov()];
-        // SAFETY: the endpoint is open for 'a; both buffers and the context stay valid until
-        // the completion (their constructors' promises); the provider copies the iovec array
-        // before returning.
+        let v = [iov(buf), iov(overflow)];
+        let mut d = [buf.desc(), overflow.desc()];
+        // SAFETY: as for fi_trecv, for both ranges; the iovec and descriptor arrays
+        // live for the call, which copies them.
         posted(unsafe {
             fi::fi_trecvv(
                 self.ep(),
-                iov.as_ptr(),
-                ptr::null_mut(),
+                v.as_ptr(),
+                descs2(&mut d),
                 2,
                 src,
                 tag,
@@ -306,9 +249,9 @@ impl<'a> EpRef<'a> {
             context: ctx.as_ptr(),
             data: 0,
         };
-        // SAFETY: the endpoint is open for 'a; a peek transfers no data; msg lives for the
-        // call (the provider copies it); the context stays valid until the completion;
-        // calls are serialised.
+        // SAFETY: the endpoint is open for 'a; a peek transfers no data; msg lives for
+        // the call, which copies it; `OpContext` keeps the context valid until the
+        // completion; `_s` serialises the domain.
         posted(unsafe { fi::fi_trecvmsg(self.ep(), &msg, fi::FI_PEEK as u64) })
     }
 
@@ -318,31 +261,31 @@ impl<'a> EpRef<'a> {
     pub fn send(
         self,
         _s: &Serialized<'_>,
-        buf: SendBuf,
-        more: SendBuf,
+        buf: Local,
+        more: Local,
         dest: fi_addr_t,
         ctx: OpContext,
     ) -> Result<()> {
         let c = ctx.as_ptr();
         if more.is_empty() {
-            // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid
-            // until the completion (their constructors' promises); calls are serialised.
-            return posted(unsafe {
-                fi::fi_send(self.ep(), buf.ptr.cast(), buf.len, ptr::null_mut(), dest, c)
-            });
+            let (p, len, d) = (buf.addr(), buf.len(), buf.desc());
+            // SAFETY: the endpoint is open for 'a; `Local` keeps the buffer readable and
+            // `OpContext` the context valid until the completion is reaped; `_s`
+            // serialises the domain.
+            return posted(unsafe { fi::fi_send(self.ep(), p, len, d, dest, c) });
         }
-        let iov = [buf.iov(), more.iov()];
-        // SAFETY: the endpoint is open for 'a; both buffers and the context stay valid until
-        // the completion (their constructors' promises); the provider copies the iovec array
-        // before returning.
-        posted(unsafe { fi::fi_sendv(self.ep(), iov.as_ptr(), ptr::null_mut(), 2, dest, c) })
+        let v = [iov(buf), iov(more)];
+        let mut d = [buf.desc(), more.desc()];
+        // SAFETY: as for fi_send, for both ranges; the iovec and descriptor arrays live
+        // for the call, which copies them.
+        posted(unsafe { fi::fi_sendv(self.ep(), v.as_ptr(), descs2(&mut d), 2, dest, c) })
     }
 
     /// `fi_inject` (untagged): the provider copies `buf` before returning.
     #[inline]
     pub fn inject(self, _s: &Serialized<'_>, buf: &[u8], dest: fi_addr_t) -> Result<()> {
-        // SAFETY: the endpoint is open for 'a; buf is valid for the call, which copies it;
-        // calls are serialised.
+        // SAFETY: the endpoint is open for 'a; an inject reads `buf` only during the
+        // call, for which the borrow keeps it valid; `_s` serialises the domain.
         posted(unsafe { fi::fi_inject(self.ep(), buf.as_ptr().cast(), buf.len(), dest) })
     }
 
@@ -350,69 +293,218 @@ impl<'a> EpRef<'a> {
     /// multi-receive buffer (`FI_MULTI_RECV`), which the provider fills message after
     /// message until it reports the buffer released.
     #[inline]
-    pub fn recv(
-        self,
-        _s: &Serialized<'_>,
-        buf: RecvBuf,
-        multi: bool,
-        ctx: OpContext,
-    ) -> Result<()> {
+    pub fn recv(self, _s: &Serialized<'_>, buf: Local, multi: bool, ctx: OpContext) -> Result<()> {
         let c = ctx.as_ptr();
         if !multi {
-            // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid
-            // until the completion (their constructors' promises); calls are serialised.
-            return posted(unsafe {
-                fi::fi_recv(
-                    self.ep(),
-                    buf.ptr.cast(),
-                    buf.len,
-                    ptr::null_mut(),
-                    FI_ADDR_UNSPEC,
-                    c,
-                )
-            });
+            let (p, len, d) = (buf.addr(), buf.len(), buf.desc());
+            // SAFETY: the endpoint is open for 'a; `Local` keeps the buffer writable by
+            // the provider alone and `OpContext` the context valid until the completion
+            // is reaped; `_s` serialises the domain.
+            return posted(unsafe { fi::fi_recv(self.ep(), p, len, d, FI_ADDR_UNSPEC, c) });
         }
-        let mut iov = buf.iov();
-        let mut desc: *mut c_void = ptr::null_mut();
+        let mut v = iov(buf);
+        let mut desc = buf.desc();
         let msg = fi::fi_msg {
-            msg_iov: &mut iov,
+            msg_iov: &mut v,
             desc: &mut desc,
             iov_count: 1,
             addr: FI_ADDR_UNSPEC,
             context: c,
             data: 0,
         };
-        // SAFETY: the endpoint is open for 'a; the buffer and the context stay valid until the
-        // completion (their constructors' promises); msg and what it points to live for the call (the
-        // provider copies them).
+        // SAFETY: as for fi_recv, until the completion that releases the buffer; msg
+        // and what it points to live for the call, which copies them.
         posted(unsafe { fi::fi_recvmsg(self.ep(), &msg, fi::FI_MULTI_RECV as u64) })
     }
 
-    /// `fi_read`: RMA read of `buf.len()` bytes at the peer's `addr` (registration `key`)
-    /// into `buf`. The peer keeps the region registered until it hears the read is done.
+    /// An RMA write of `local` to `remote`, or a read of `remote` into it, with
+    /// explicit operation `flags` when they are not 0 (`fi_writemsg`/`fi_readmsg`,
+    /// for `FI_DELIVERY_COMPLETE`, which a provider may not apply from the endpoint's
+    /// default op flags; `FI_COMPLETION` is added), else `fi_write`/`fi_read`.
     #[inline]
-    pub fn read(
+    pub fn rma(
         self,
         _s: &Serialized<'_>,
-        buf: RecvBuf,
-        src: fi_addr_t,
-        addr: u64,
-        key: u64,
+        dir: Dir,
+        local: Local,
+        remote: Remote,
+        ctx: OpContext,
+        flags: u64,
+    ) -> Result<()> {
+        let (buf, len, desc, c) = (local.addr(), local.len(), local.desc(), ctx.as_ptr());
+        let Remote { peer, addr, key } = remote;
+        if flags == 0 {
+            // SAFETY: the endpoint is open for 'a; `Local` keeps the local range valid
+            // for the transfer (and, for a read, written by the provider alone) and
+            // `OpContext` the context until the completion is reaped; the remote range
+            // is the peer provider's to check against the key; `_s` serialises.
+            return posted(unsafe {
+                match dir {
+                    Dir::Write => fi::fi_write(self.ep(), buf, len, desc, peer, addr, key, c),
+                    Dir::Read => fi::fi_read(self.ep(), buf, len, desc, peer, addr, key, c),
+                }
+            });
+        }
+        let v = fi::iovec {
+            iov_base: buf,
+            iov_len: len,
+        };
+        let mut d = desc;
+        let rma = fi::fi_rma_iov { addr, len, key };
+        let msg = fi::fi_msg_rma {
+            msg_iov: &v,
+            desc: &mut d,
+            iov_count: 1,
+            addr: peer,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context: c,
+            data: 0,
+        };
+        let flags = flags | fi::FI_COMPLETION as u64;
+        // SAFETY: as for fi_write/fi_read above; msg and what it points to live for
+        // the call, which copies them.
+        posted(unsafe {
+            match dir {
+                Dir::Write => fi::fi_writemsg(self.ep(), &msg, flags),
+                Dir::Read => fi::fi_readmsg(self.ep(), &msg, flags),
+            }
+        })
+    }
+
+    /// A non-fetching atomic of the one element at `operand` on `remote`: with
+    /// `delivery`, by `fi_atomicmsg` with `FI_DELIVERY_COMPLETE` (it completes once
+    /// applied at the target), else by `fi_atomic`.
+    #[inline]
+    pub fn atomic(
+        self,
+        _s: &Serialized<'_>,
+        operand: Local,
+        remote: Remote,
+        op: AtomicOp,
+        ctx: OpContext,
+        delivery: bool,
+    ) -> Result<()> {
+        let Remote { peer, addr, key } = remote;
+        if !delivery {
+            // SAFETY: the endpoint is open for 'a; `Local` keeps the operand readable
+            // and `OpContext` the context valid until the completion is reaped; `_s`
+            // serialises the domain.
+            return posted(unsafe {
+                fi::fi_atomic(
+                    self.ep(),
+                    operand.addr(),
+                    1,
+                    ptr::null_mut(),
+                    peer,
+                    addr,
+                    key,
+                    op.datatype,
+                    op.op,
+                    ctx.as_ptr(),
+                )
+            });
+        }
+        let ioc = fi::fi_ioc {
+            addr: operand.addr(),
+            count: 1,
+        };
+        let rma = fi::fi_rma_ioc {
+            addr,
+            count: 1,
+            key,
+        };
+        let mut desc: *mut c_void = ptr::null_mut();
+        let msg = fi::fi_msg_atomic {
+            msg_iov: &ioc,
+            desc: &mut desc,
+            iov_count: 1,
+            addr: peer,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            datatype: op.datatype,
+            op: op.op,
+            context: ctx.as_ptr(),
+            data: 0,
+        };
+        // SAFETY: as for fi_atomic above; msg and what it points to live for the call,
+        // which copies them.
+        posted(unsafe {
+            fi::fi_atomicmsg(
+                self.ep(),
+                &msg,
+                (fi::FI_DELIVERY_COMPLETE | fi::FI_COMPLETION) as u64,
+            )
+        })
+    }
+
+    /// `fi_fetch_atomic` of the one element at `operand` on `remote`, the previous
+    /// value into `result`.
+    #[inline]
+    pub fn fetch_atomic(
+        self,
+        _s: &Serialized<'_>,
+        operand: Local,
+        result: Local,
+        remote: Remote,
+        op: AtomicOp,
         ctx: OpContext,
     ) -> Result<()> {
-        // SAFETY: the endpoint is open for 'a; the local buffer and the context stay valid
-        // until the completion (their constructors' promises); a remote region that is
-        // gone fails the read on the peer's side, it does not touch our memory; calls
-        // are serialised.
+        let Remote { peer, addr, key } = remote;
+        // SAFETY: the endpoint is open for 'a; `Local` keeps the operand readable and
+        // the result writable by the provider alone, and `OpContext` the context valid,
+        // until the completion is reaped; `_s` serialises the domain.
         posted(unsafe {
-            fi::fi_read(
+            fi::fi_fetch_atomic(
                 self.ep(),
-                buf.ptr.cast(),
-                buf.len,
+                operand.addr(),
+                1,
                 ptr::null_mut(),
-                src,
+                result.addr(),
+                result.desc(),
+                peer,
                 addr,
                 key,
+                op.datatype,
+                op.op,
+                ctx.as_ptr(),
+            )
+        })
+    }
+
+    /// `fi_compare_atomic` (`FI_CSWAP`) of the one element at `operand` against the
+    /// one at `compare` on `remote`, the previous value into `result`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare_atomic(
+        self,
+        _s: &Serialized<'_>,
+        operand: Local,
+        compare: Local,
+        result: Local,
+        remote: Remote,
+        datatype: fi::fi_datatype,
+        ctx: OpContext,
+    ) -> Result<()> {
+        let Remote { peer, addr, key } = remote;
+        // SAFETY: the endpoint is open for 'a; `Local` keeps operand and compare value
+        // readable and the result writable by the provider alone, and `OpContext` the
+        // context valid, until the completion is reaped; `_s` serialises the domain.
+        posted(unsafe {
+            fi::fi_compare_atomic(
+                self.ep(),
+                operand.addr(),
+                1,
+                ptr::null_mut(),
+                compare.addr(),
+                ptr::null_mut(),
+                result.addr(),
+                result.desc(),
+                peer,
+                addr,
+                key,
+                datatype,
+                fi::FI_CSWAP,
                 ctx.as_ptr(),
             )
         })
@@ -423,7 +515,7 @@ impl<'a> EpRef<'a> {
     #[inline]
     pub fn cancel(self, _s: &Serialized<'_>, ctx: OpContext) -> Result<()> {
         // SAFETY: the endpoint is open for 'a; the provider only compares ctx with its
-        // posted operations; calls are serialised.
+        // posted operations; `_s` serialises the domain.
         let ret = unsafe { fi::fi_cancel(&mut (*self.ep()).fid, ctx.as_ptr()) };
         posted(ret)
     }

@@ -22,7 +22,7 @@ use super::progress::retry;
 use super::request::{Kind, Req, Request};
 use super::state::{locked, Mtl};
 use crate::common::IdMap;
-use crate::fabric::{self, RecvBuf, FI_ADDR_UNSPEC};
+use crate::fabric::{self, Local, FI_ADDR_UNSPEC};
 use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
 use std::os::raw::c_int;
@@ -53,8 +53,8 @@ fn post(m: &Mtl, index: usize, r: Req) -> fabric::Result<()> {
     retry(m, |s| {
         rx.trecv(
             s,
-            RecvBuf::EMPTY,
-            RecvBuf::EMPTY,
+            Local::NONE,
+            Local::NONE,
             FI_ADDR_UNSPEC,
             bits,
             ignore,

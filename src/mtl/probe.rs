@@ -10,7 +10,7 @@ use super::progress::{idle, progress_cq, progress_mtl, retry, with_request};
 use super::request::{Kind, Req, Request};
 use super::state::{locked, mtl, Entry, Mtl};
 use super::tag::Envelope;
-use crate::fabric::{EpRef, RecvBuf, FI_ADDR_UNSPEC};
+use crate::fabric::{EpRef, Local, FI_ADDR_UNSPEC};
 use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer};
@@ -102,7 +102,7 @@ fn exact(m: &Mtl, r: Req, rx: EpRef<'_>, addr: u64, bits: u64, len: usize) -> Re
     r.alloc_buffer(len)?;
     r.pending().store(1, Ordering::Release);
     let (buf, ctx) = (r.recv_buf(), r.op_context());
-    if let Err(e) = retry(m, |s| rx.trecv(s, buf, RecvBuf::EMPTY, addr, bits, 0, ctx)) {
+    if let Err(e) = retry(m, |s| rx.trecv(s, buf, Local::NONE, addr, bits, 0, ctx)) {
         r.pending().store(0, Ordering::Release);
         // Not posted; ours.
         r.free_buffer();

@@ -7,7 +7,7 @@
 //! (`completion`).
 
 use crate::fabric::FI_ADDR_UNSPEC;
-use crate::fabric::{MemoryRegion, OpContext, RecvBuf, SendBuf};
+use crate::fabric::{Local, MemoryRegion, OpContext};
 use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer, SendData};
@@ -376,7 +376,7 @@ impl Req {
         unsafe {
             let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
             crate::common::quirks::scribble(&mut *ctx);
-            crate::fabric::post::op_context(NonNull::new_unchecked(ctx))
+            OpContext::new(NonNull::new_unchecked(ctx))
         }
     }
 
@@ -388,7 +388,7 @@ impl Req {
         // writes ctx (the data path only takes its address).
         unsafe {
             let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
-            crate::fabric::post::op_context(NonNull::new_unchecked(ctx))
+            OpContext::new(NonNull::new_unchecked(ctx))
         }
     }
 
@@ -427,7 +427,7 @@ impl Req {
 
     /// Where the request's receive lands, for the fabric.
     #[inline]
-    pub(crate) fn recv_buf(self) -> RecvBuf {
+    pub(crate) fn recv_buf(self) -> Local {
         // SAFETY: buffer and length are set only from a `RecvBuffer` (the user's memory,
         // valid until the PML's request completes, or ours) or by `alloc_buffer` (ours,
         // freed only by `free_buffer` after the completion), so they describe memory
@@ -435,9 +435,10 @@ impl Req {
         // completes.
         unsafe {
             let r = self.0.as_ptr();
-            RecvBuf::new(
-                ptr::addr_of!((*r).buffer).read(),
+            Local::new(
+                ptr::addr_of!((*r).buffer).read().cast(),
                 ptr::addr_of!((*r).length).read(),
+                ptr::null_mut(),
             )
         }
     }
@@ -446,7 +447,7 @@ impl Req {
     /// frees it at its last completion, or the caller with [`Req::free_buffer`] when
     /// the post fails); a contiguous user buffer stays the PML's.
     #[inline]
-    pub(crate) fn send_buf(self, data: SendData) -> SendBuf {
+    pub(crate) fn send_buf(self, data: SendData) -> Local {
         let (ptr, len, owned) = data.into_parts();
         if owned {
             self.set_raw_buffer(ptr as *mut u8, len, true);
@@ -454,7 +455,7 @@ impl Req {
         // SAFETY: a pack buffer is owned by the request from here until its last
         // completion (or a failed post); the user's contiguous buffer is valid until
         // the PML's request completes, which is after the send's completion.
-        unsafe { SendBuf::new(ptr, len) }
+        unsafe { Local::new(ptr.cast_mut().cast(), len, ptr::null_mut()) }
     }
 
     /// Copy `bytes` into the request's buffer at `at`, as much as fits; the bytes
@@ -538,13 +539,14 @@ impl Req {
     /// (the request lives until the send's completion, and nothing but
     /// [`Req::stamp_sm_hdr`] between attempts writes the header meanwhile).
     #[inline]
-    pub(crate) fn sm_hdr_buf(self) -> SendBuf {
+    pub(crate) fn sm_hdr_buf(self) -> Local {
         // SAFETY: the handle's invariant: the request, with its header, lives until the
         // send's completion, and the header is written only before each attempt.
         unsafe {
-            SendBuf::new(
-                ptr::addr_of!((*self.0.as_ptr()).sm_hdr) as *const u8,
+            Local::new(
+                ptr::addr_of_mut!((*self.0.as_ptr()).sm_hdr).cast(),
                 std::mem::size_of::<super::softmatch::Hdr>(),
+                ptr::null_mut(),
             )
         }
     }
@@ -585,12 +587,12 @@ impl Req {
 
     /// The copy of a [`Req::alloc_copied`] request, to send.
     #[inline]
-    pub(crate) fn copied_buf(self) -> SendBuf {
+    pub(crate) fn copied_buf(self) -> Local {
         // SAFETY: the handle's invariant; a Copied request's buffer is the copy in its
         // own block, which lives until `free_copied` after its completion.
         unsafe {
             let r = self.0.as_ptr();
-            SendBuf::new((*r).buffer, (*r).length)
+            Local::new((*r).buffer.cast(), (*r).length, ptr::null_mut())
         }
     }
 

@@ -11,7 +11,7 @@ use super::progress::{retry, to_ompi, wait_until, with_request};
 use super::request::{Kind, Req, Request};
 use super::state::{locked, mtl, Entry, Mtl};
 use super::tag::Proto;
-use crate::fabric::{self, SendBuf, Serialized};
+use crate::fabric::{self, Local, Serialized};
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, SendData};
 use ompi_sys as sys;
@@ -28,7 +28,7 @@ pub(super) struct PendingSend {
     cid: u32,
     addr: u64,
     /// The data of a send with a request (the request keeps it alive).
-    buf: SendBuf,
+    buf: Local,
     bits: u64,
     /// Remote CQ data, when the layout or the protocol uses it.
     cqd: Option<u64>,
@@ -179,7 +179,7 @@ fn inject(m: &Mtl, addr: u64, data: &SendData, comm: Comm, tag: c_int, may_defer
         req: None,
         cid,
         addr: m.rx_addr(addr, cid),
-        buf: SendBuf::EMPTY,
+        buf: Local::NONE,
         bits: l.send_tag(cid, me, tag, Proto::Plain),
         cqd: l.source_in_data().then(|| l.cq_data(me, 0)),
         copy: Vec::new(),

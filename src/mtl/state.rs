@@ -19,7 +19,7 @@ use super::request::Request;
 use super::send::PendingSend;
 use super::tag::TagLayout;
 use crate::common::sync::MaybeLock;
-use crate::fabric::{CqRef, EpRef, RecvBuf, FI_ADDR_UNSPEC};
+use crate::fabric::{CqRef, EpRef, Local, FI_ADDR_UNSPEC};
 use libfabric_sys as fi;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -163,14 +163,20 @@ impl Mtl {
 
     /// The scratch receives end with (see `overflow`), empty when unused.
     #[inline(always)]
-    pub fn overflow(&self) -> RecvBuf {
+    pub fn overflow(&self) -> Local {
         if self.overflow.is_null() {
-            return RecvBuf::EMPTY;
+            return Local::NONE;
         }
         // SAFETY: the area is mapped from init until finalize unmaps it after the
         // endpoint closed, and no one but the provider ever reads or writes it (its
         // contents are garbage, never read), so it may take part in any receive.
-        unsafe { RecvBuf::new(self.overflow, self.overflow_len) }
+        unsafe {
+            Local::new(
+                self.overflow.cast(),
+                self.overflow_len,
+                std::ptr::null_mut(),
+            )
+        }
     }
 }
 

@@ -85,14 +85,8 @@ fn try_post(state: &State, rb: &Idle) -> Result<(), Error> {
     // put, used by this receive only, until its completion is reaped or the endpoint
     // closes, before teardown frees them.
     let (local, ctx) = unsafe { (r.buf.local(), r.ctx.fi.context(scribble)) };
-    let rx = &state.ctxs[r.cx].rx;
-    state.fi(|| {
-        if state.multi_recv {
-            rx.post_recv_multi(local, ctx)
-        } else {
-            rx.post_recv(local, ctx)
-        }
-    })
+    let rx = state.ctxs[r.cx].rx.data_path();
+    state.fi(|s| rx.recv(s, local, state.multi_recv, ctx))
 }
 
 /// Post again the receive buffers the provider refused (see [`recv_complete`]), at

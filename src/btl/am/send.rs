@@ -9,7 +9,7 @@ use super::frag::{put_frag, Frag};
 use super::wire::{PieceHeader, HDR, INLINE_MAX, PIECE_HDR, PIECE_LIMIT};
 use crate::btl::module::{lock, Module, PeerEp, State};
 use crate::fabric::buffer::with_stack_bytes;
-use crate::fabric::Error;
+use crate::fabric::{Error, Local};
 use crate::ompi::btl::notify_sent;
 use crate::ompi::error::OpalCode;
 use ompi_sys as sys;
@@ -67,7 +67,7 @@ pub(super) fn post(state: &State, mut f: Box<Frag>) -> Posted {
         return Posted::Refused(f, Error::AGAIN);
     }
     if len <= state.inject_size && state.send_window == 0 {
-        return match state.fi(|| state.tx().inject_bytes(f.wire(), to)) {
+        return match state.fi(|s| state.tx().inject(s, f.wire(), to)) {
             Ok(()) => Posted::Injected(f),
             Err(e) => Posted::Refused(f, e),
         };
@@ -91,7 +91,7 @@ pub(super) fn post(state: &State, mut f: Box<Frag>) -> Posted {
         let local = frag.buf.local().part(0, len);
         let ctx = frag.ctx.fi.context(scribble);
         state
-            .fi(|| state.tx().post_send(local, to, ctx))
+            .fi(|s| state.tx().send(s, local, Local::NONE, to, ctx))
             .map_err(|e| (Box::from_raw(raw), e))
     };
     match res {
@@ -128,7 +128,7 @@ fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Error> {
         with_stack_bytes::<INLINE_MAX, _>(PIECE_HDR + n, |b| {
             b[..PIECE_HDR].copy_from_slice(&h);
             b[PIECE_HDR..].copy_from_slice(chunk);
-            state.fi(|| state.tx().inject_bytes(b, to))
+            state.fi(|s| state.tx().inject(s, b, to))
         })?;
         frag.sent += n;
     }

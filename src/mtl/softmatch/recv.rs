@@ -132,16 +132,16 @@ pub(super) fn deliver(m: &Mtl, r: Req, hdr: Hdr, what: Delivery, payload: Option
 /// valid until the read completes).
 fn post_read(m: &Mtl, r: Req) -> fabric::Result<()> {
     let hdr = r.sm_hdr();
-    let buf = r.recv_buf().prefix(hdr.len as usize);
+    let buf = r.recv_buf().part(0, hdr.len as usize);
+    let far = fabric::Remote {
+        peer: r.sm_addr(),
+        addr: hdr.addr,
+        key: hdr.key,
+    };
     let g = m.lock.lock();
-    m.ep().read(
-        &g.serialized(),
-        buf,
-        r.sm_addr(),
-        hdr.addr,
-        hdr.key,
-        r.op_context(),
-    )
+    let s = g.serialized();
+    m.ep()
+        .rma(&s, fabric::Dir::Read, buf, far, r.op_context(), 0)
 }
 
 /// The read of receive `r` (in SmRead state) could not be posted (`e`): tell the

@@ -8,7 +8,7 @@ use super::order::stamp;
 use super::wire::{Hdr, ACK, EAGER, FIN, FRAG, HDR_LEN, RTS};
 use super::SoftMatch;
 use crate::common::fbox;
-use crate::fabric::{self, Error, MemoryRegion, SendBuf};
+use crate::fabric::{self, Error, Local, MemoryRegion};
 use crate::mtl::peer::Peer;
 use crate::mtl::progress;
 use crate::mtl::request::{Kind, Req, Request};
@@ -123,7 +123,7 @@ pub(super) fn send_copy(
     let ep = m.ep();
     let ret = sm.post_numbered(m, addr, num, |s, seq, src| {
         c.stamp_copied(seq, src);
-        ep.send(s, buf, SendBuf::EMPTY, addr, ctx)
+        ep.send(s, buf, Local::NONE, addr, ctx)
     });
     if ret.is_err() {
         sm.copies_in_flight.fetch_sub(1, Ordering::Relaxed);
