@@ -23,6 +23,7 @@ pub(super) mod send;
 pub(super) mod wire;
 
 use super::module::{Module, PeerEp};
+use crate::fabric::buffer::StackMsg;
 use crate::fabric::Error;
 use crate::ompi::convertor::Convertor;
 use crate::ompi::error::OpalCode;
@@ -229,6 +230,17 @@ impl Sendi<'_> {
         self.header.len() + self.payload_size
     }
 
+    /// Header and packed payload after what `m` holds (`total()` bytes, which fit: the
+    /// caller checked), none of it cleared first.
+    fn write_to<const N: usize>(&self, m: &mut StackMsg<N>) -> Result<(), c_int> {
+        m.push(self.header);
+        if self.payload_size > 0 {
+            let conv = self.conv.ok_or(sys::OPAL_ERROR)?;
+            m.fill(self.payload_size, |room| conv.pack_uninit(room))?;
+        }
+        Ok(())
+    }
+
     /// Header and packed payload into `dst` (`total()` bytes).
     fn write(&self, dst: &mut [u8]) -> Result<(), c_int> {
         let (h, rest) = dst.split_at_mut(self.header.len());
@@ -278,15 +290,16 @@ fn sendi(
     // Small enough to inject: built on the stack, no fragment taken from (and
     // given back to) the free list, whose lock is most of a small send's cost.
     if HDR + total <= state.inject_size.min(INLINE_MAX) && state.send_window == 0 {
-        let sent = crate::fabric::buffer::with_stack_bytes::<INLINE_MAX, _>(HDR + total, |b| {
-            let h = AmHeader {
-                tag: msg.tag,
-                len: total as u32,
-            }
-            .encode();
-            b[..HDR].copy_from_slice(&h);
-            msg.write(&mut b[HDR..])
-                .map(|()| state.fi(|s| state.tx().inject(s, b, state.to(peer.addr))))
+        let mut b = StackMsg::<INLINE_MAX>::default();
+        let h = AmHeader {
+            tag: msg.tag,
+            len: total as u32,
+        }
+        .encode();
+        b.push(&h);
+        let sent = msg.write_to(&mut b).map(|()| {
+            let to = state.to(peer.addr);
+            state.fi(|s| state.tx().inject(s, b.bytes(), to))
         });
         match sent {
             Err(_) => return sys::OPAL_ERROR,

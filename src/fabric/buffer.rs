@@ -11,6 +11,7 @@
 use libfabric_sys as fi;
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 
 /// The provider's scratch space of one operation (`FI_CONTEXT2`), which it writes
@@ -309,21 +310,79 @@ impl Drop for Buffer {
     }
 }
 
-/// Run `f` on `len` bytes (at most `N`) of a stack buffer of `N` bytes, for a message
-/// built to be injected: only those `len` bytes are cleared (the buffer is not, which
-/// would cost a clear of `N` bytes per message), so that `f` sees initialised memory.
-#[inline(always)]
-pub fn with_stack_bytes<const N: usize, R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut buf = std::mem::MaybeUninit::<[u8; N]>::uninit();
-    let len = len.min(N);
-    let p = buf.as_mut_ptr() as *mut u8;
-    // SAFETY: the first len <= N bytes of the buffer are written (cleared) before the
-    // slice over them is made, and the slice does not outlive the buffer.
-    let bytes = unsafe {
-        ptr::write_bytes(p, 0, len);
-        std::slice::from_raw_parts_mut(p, len)
-    };
-    f(bytes)
+/// A message of at most `N` bytes built on the stack to be injected. Nothing is
+/// cleared: the buffer starts uninitialised, and only the prefix written so far (by
+/// [`StackMsg::push`] and [`StackMsg::fill`]) is ever read ([`StackMsg::bytes`]), so
+/// a message costs the copies that build it and no clear of the buffer.
+///
+/// Invariant: the first `len` (at most `N`) bytes of `buf` are initialised.
+pub struct StackMsg<const N: usize> {
+    buf: [MaybeUninit<u8>; N],
+    len: usize,
+}
+
+impl<const N: usize> Default for StackMsg<N> {
+    #[inline(always)]
+    fn default() -> Self {
+        StackMsg {
+            buf: [const { MaybeUninit::uninit() }; N],
+            len: 0,
+        }
+    }
+}
+
+impl<const N: usize> StackMsg<N> {
+    /// Append `bytes`, or as many as fit.
+    #[inline(always)]
+    pub fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(N - self.len);
+        // SAFETY: n <= N - len, so the n bytes from len on lie inside the buffer, which
+        // `&mut self` borrows alone and which cannot overlap the borrowed `bytes`.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.buf.as_mut_ptr().add(self.len).cast(),
+                n,
+            )
+        };
+        self.len += n;
+    }
+
+    /// Append `n` bytes (as many as fit) that `f` writes into the room it is given:
+    /// `f` returns the initialised prefix of that room (what `MaybeUninit` writers,
+    /// such as a convertor's pack, hand back), and the rest of the `n` bytes, if it
+    /// wrote fewer, are cleared.
+    #[inline]
+    pub fn fill<E>(
+        &mut self,
+        n: usize,
+        f: impl FnOnce(&mut [MaybeUninit<u8>]) -> Result<&mut [u8], E>,
+    ) -> Result<(), E> {
+        let n = n.min(N - self.len);
+        let room = &mut self.buf[self.len..self.len + n];
+        let at = room.as_ptr() as usize;
+        let done = f(room)?;
+        // A `&mut [u8]` is initialised memory; only one that starts at the room and
+        // lies inside it counts as written there.
+        let written = if done.as_ptr() as usize == at {
+            done.len().min(n)
+        } else {
+            0
+        };
+        for b in &mut self.buf[self.len + written..self.len + n] {
+            b.write(0);
+        }
+        self.len += n;
+        Ok(())
+    }
+
+    /// The bytes written so far.
+    #[inline(always)]
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the type's invariant: the first len bytes are initialised (push and
+        // fill write every byte they count), borrowed with self.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast(), self.len) }
+    }
 }
 
 #[cfg(test)]
@@ -343,6 +402,20 @@ mod tests {
         assert_eq!(len(true, base + 60, 10), Some(4));
         assert_eq!(len(true, base + 64, 1), None);
         assert_eq!(len(true, base - 1, 1), None);
+    }
+
+    #[test]
+    fn stack_messages_hold_what_was_written() {
+        let mut m = StackMsg::<8>::default();
+        m.push(&[1, 2]);
+        m.fill(3, |room| -> Result<&mut [u8], ()> {
+            room[0].write(7);
+            // SAFETY: the first byte of room was just written.
+            Ok(unsafe { std::slice::from_raw_parts_mut(room.as_mut_ptr().cast(), 1) })
+        })
+        .unwrap();
+        m.push(&[9; 10]);
+        assert_eq!(m.bytes(), &[1, 2, 7, 0, 0, 9, 9, 9]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use super::glue;
 use ompi_sys as sys;
+use std::mem::MaybeUninit;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
@@ -59,8 +60,18 @@ impl Convertor {
     /// packed, or `OPAL_ERROR`.
     #[inline]
     pub fn pack(self, dst: &mut [u8]) -> Result<usize, c_int> {
+        // SAFETY: viewed as `MaybeUninit`, dst is only written (by the pack), never
+        // de-initialised: opal_convertor_pack stores bytes.
+        let room = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+        self.pack_uninit(room).map(|b| b.len())
+    }
+
+    /// [`Convertor::pack`] into memory that need not be initialised: the bytes packed,
+    /// the prefix of `dst` that the pack wrote.
+    #[inline]
+    pub fn pack_uninit(self, dst: &mut [MaybeUninit<u8>]) -> Result<&mut [u8], c_int> {
         if dst.is_empty() {
-            return Ok(0);
+            return Ok(&mut []);
         }
         let mut iov = libc::iovec {
             iov_base: dst.as_mut_ptr() as *mut c_void,
@@ -68,7 +79,8 @@ impl Convertor {
         };
         let mut count: u32 = 1;
         let mut max = dst.len();
-        // SAFETY: a prepared convertor; iov describes dst, which is writable.
+        // SAFETY: a prepared convertor; iov describes dst, which is writable (the pack
+        // only stores into it).
         let rc = unsafe {
             sys::opal_convertor_pack(
                 self.0,
@@ -78,10 +90,11 @@ impl Convertor {
             )
         };
         if rc < 0 {
-            Err(sys::OPAL_ERROR)
-        } else {
-            Ok(max)
+            return Err(sys::OPAL_ERROR);
         }
+        // SAFETY: opal_convertor_pack wrote `max` bytes from the start of the iovec,
+        // which is dst (at most dst.len(): it never packs past the iovec).
+        Ok(unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), max.min(dst.len())) })
     }
 
     /// Unpack `src`, received bytes in our buffer, into the user's datatype (at most

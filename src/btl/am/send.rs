@@ -8,7 +8,7 @@
 use super::frag::{put_frag, Frag};
 use super::wire::{PieceHeader, HDR, INLINE_MAX, PIECE_HDR, PIECE_LIMIT};
 use crate::btl::module::{lock, Module, PeerEp, State};
-use crate::fabric::buffer::with_stack_bytes;
+use crate::fabric::buffer::StackMsg;
 use crate::fabric::{Error, Local};
 use crate::ompi::btl::notify_sent;
 use crate::ompi::error::OpalCode;
@@ -125,11 +125,10 @@ fn send_pieces(state: &State, frag: &mut Frag, to: u64) -> Result<(), Error> {
         .encode();
         let chunk = &frag.payload()[frag.sent..frag.sent + n];
         // PIECE_HDR + n <= piece_max <= INLINE_MAX bytes.
-        with_stack_bytes::<INLINE_MAX, _>(PIECE_HDR + n, |b| {
-            b[..PIECE_HDR].copy_from_slice(&h);
-            b[PIECE_HDR..].copy_from_slice(chunk);
-            state.fi(|s| state.tx().inject(s, b, to))
-        })?;
+        let mut b = StackMsg::<INLINE_MAX>::default();
+        b.push(&h);
+        b.push(chunk);
+        state.fi(|s| state.tx().inject(s, b.bytes(), to))?;
         frag.sent += n;
     }
     Ok(())
