@@ -379,30 +379,3 @@ impl fmt::Debug for Endpoint {
             .finish()
     }
 }
-
-/// The bytes a receive completion reports in a buffer of `cap` bytes at `base`: `len`
-/// bytes at its start, or, in a multi-receive buffer (`multi`), at the completion's
-/// `buf`. The length is clamped to the buffer (a provider never reports more than was
-/// posted); `None` when `buf` lies outside the buffer.
-///
-/// # Safety
-/// `base` holds `cap` bytes, valid and unchanged for `'a`.
-#[inline]
-pub unsafe fn received<'a>(
-    base: *const u8,
-    cap: usize,
-    multi: bool,
-    buf: *const c_void,
-    len: usize,
-) -> Option<&'a [u8]> {
-    let at = if multi {
-        (buf as usize).wrapping_sub(base as usize)
-    } else {
-        0
-    };
-    if at >= cap {
-        return None;
-    }
-    // SAFETY: at < cap, so the slice lies inside the buffer (caller's contract).
-    Some(unsafe { std::slice::from_raw_parts(base.add(at), len.min(cap - at)) })
-}

@@ -76,7 +76,7 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
         // After a failed try, the receives posted then are in `pool` already.
         let have = pool.iter().filter(|(i, _)| *i == index).count();
         for _ in have..POOL {
-            let mut r = Box::new(Request::internal(Kind::Ack, None));
+            let mut r = Box::new(Request::of_kind(Kind::Ack, None));
             // SAFETY: the Box goes into `pool` below (or is dropped unposted), which
             // keeps it, unmoved on the heap, until the MTL state is dropped after the
             // endpoint closed; it is used only through handles meanwhile.

@@ -40,17 +40,21 @@ fn peek(m: &Mtl, comm: Comm, src: c_int, tag: c_int) -> Result<Option<(u64, u64,
     }
     let cid = comm.cid();
     let (rx, addr) = (m.ctx(cid).rx(), m.rx_addr(addr, cid));
-    let mut r = Request::internal(Kind::Probe, Some(comm));
+    let mut r = Request::of_kind(Kind::Probe, Some(comm));
     peek_wait(m, &mut r, rx, addr, bits, ignore)?;
-    Ok(if r.probe_found {
-        Some((r.matched_tag, r.matched_data, r.status.count))
+    Ok(if r.probe_found.get() {
+        Some((
+            r.matched_tag.get(),
+            r.matched_data.get(),
+            r.status.get().count,
+        ))
     } else {
         None
     })
 }
 
 /// Peek on `rx` with `req` (a `Probe` or `Stash` request) and wait for the answer:
-/// `req.probe_found`, and then the message's tag bits, CQ data and length in `req`.
+/// `req.probe_found.get()`, and then the message's tag bits, CQ data and length in `req`.
 pub(super) fn peek_wait(
     m: &Mtl,
     req: &mut Request,
@@ -73,7 +77,7 @@ pub(super) fn peek_wait(
             e.to_opal()
         })
     })?;
-    match req.status.error {
+    match req.status.get().error {
         0 => Ok(()),
         e => Err(e),
     }
@@ -259,7 +263,11 @@ pub(super) fn improbe_impl(
         }
         Err(rc) => return rc,
     };
-    let (mbits, mdata, mlen) = (req.matched_tag, req.matched_data, req.status.count);
+    let (mbits, mdata, mlen) = (
+        req.matched_tag.get(),
+        req.matched_data.get(),
+        req.status.get().count,
+    );
     publish_message(
         m,
         comm,
@@ -299,21 +307,21 @@ fn claim_provider(
     });
     let cid = comm.cid();
     let rx = m.ctx(cid).rx();
-    let mut probe = Request::internal(Kind::Probe, Some(comm));
+    let mut probe = Request::of_kind(Kind::Probe, Some(comm));
     peek_wait(m, &mut probe, rx, m.rx_addr(addr, cid), bits, ignore)?;
-    if !probe.probe_found {
+    if !probe.probe_found.get() {
         return Ok(None);
     }
-    let (bits, len) = (probe.matched_tag, probe.status.count);
+    let (bits, len) = (probe.matched_tag.get(), probe.status.get().count);
     // Receive exactly that message now, so that no later receive can take it: same
     // tag bits (communicator, source, tag, protocol) and, where the source does not
     // travel in the tag, the same source address.
-    let source = envelope(m, comm, bits, probe.matched_data)?.source;
+    let source = envelope(m, comm, bits, probe.matched_data.get())?.source;
     let mut addr = FI_ADDR_UNSPEC;
     if m.layout.source_in_data() {
         addr = peer_addr(comm, source)?;
     }
-    let mut req = Box::new(Request::internal(Kind::Claim, Some(comm)));
+    let mut req = Box::new(Request::of_kind(Kind::Claim, Some(comm)));
     let got = recv_exact(m, &mut req, rx, m.rx_addr(addr, cid), bits, len)?;
     drop(d);
     Ok(got.then_some(req))
@@ -375,12 +383,12 @@ pub(super) fn imrecv_impl(e: &Entry, conv: Convertor, mut message: Message<'_>, 
         }
     };
     let mut c = c;
-    let len = c.status.count;
+    let len = c.status.get().count;
     let size = conv.info().size;
     let n = conv.deliver(c.received(len));
     let (source, tag) = (
-        m.layout.source(c.matched_tag, c.matched_data),
-        m.layout.mpi_tag(c.matched_tag),
+        m.layout.source(c.matched_tag.get(), c.matched_data.get()),
+        m.layout.mpi_tag(c.matched_tag.get()),
     );
     r.update_status(|s| {
         s.source = source;

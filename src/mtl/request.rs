@@ -2,20 +2,21 @@
 //! the internal requests (acknowledgements, probes, claims, blocking sends) that use
 //! the same layout, so that every completion finds its request through the context.
 //!
-//! What it owns: the request's layout, its initialisation and its hand-over to the
-//! PML. What it must not touch: what each kind of request does on completion
-//! (`completion`).
+//! The layout itself (the PML's head, the context, then this body) and the handle's
+//! raw accesses are `ompi::mtl_request`'s; this module owns the body: its fields,
+//! their initialisation, and the memory its operations use. What it must not touch:
+//! what each kind of request does on completion (`completion`).
 
 use crate::fabric::FI_ADDR_UNSPEC;
 use crate::fabric::{Local, MemoryRegion, OpContext};
-use crate::ompi;
 use crate::ompi::comm::Comm;
 use crate::ompi::convertor::{Convertor, RecvBuffer, SendData};
+use crate::ompi::mtl_request::{MtlRequest, ReqRef};
 use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::mem::offset_of;
-use std::os::raw::{c_int, c_void};
-use std::ptr::{self, NonNull};
+use std::cell::Cell;
+use std::os::raw::c_int;
+use std::ptr;
 use std::sync::atomic::AtomicI32;
 
 /// What kind of operation a request's context belongs to.
@@ -44,160 +45,174 @@ pub enum Kind {
     Stash,
 }
 
-/// The MTL request: the PML allocates `mtl_request_size` bytes after its
-/// `mca_mtl_request_t`, which is this struct's first field. Internal operations
-/// (acknowledgements, probes, claims, blocking sends) use the same layout.
+/// The MTL's part of a request, after the PML's head and the operations' context
+/// ([`MtlRequest`]). Internal operations (acknowledgements, probes, claims, blocking
+/// sends) use the same layout.
+///
+/// Every field is a `Cell` (or an atomic), as [`ReqRef`] requires: handles lend only
+/// shared references, and a completion may write the request re-entrantly.
 #[repr(C)]
-pub struct Request {
-    pub sup: sys::mca_mtl_request_t,
-    /// Handed to libfabric as the operation context (FI_CONTEXT/FI_CONTEXT2 room).
-    pub ctx: fi::fi_context2,
+pub struct Body {
     /// What the request is. [`Kind::Copied`] is set only by [`Req::alloc_copied`],
     /// whose block `Req::free_copied` frees by that kind.
-    pub kind: Kind,
+    kind: Cell<Kind>,
     /// Completions still expected before the request is complete.
     pub pending: AtomicI32,
-    pub status: Status,
-    pub comm: Option<Comm>,
-    pub convertor: Option<Convertor>,
-    /// Where the data is received into (user memory, or a pack buffer we own).
-    pub buffer: *mut u8,
-    pub length: usize,
-    pub owns_buffer: bool,
+    pub status: Cell<Status>,
+    pub comm: Cell<Option<Comm>>,
+    pub convertor: Cell<Option<Convertor>>,
+    /// Where the data is received into (user memory, or a pack buffer we own); set
+    /// only by the buffer methods, which the fabric's `Local`s made of it trust.
+    buffer: Cell<*mut u8>,
+    length: Cell<usize>,
+    owns_buffer: Cell<bool>,
     /// Probe result: found, and the matched tag/data/length.
-    pub probe_found: bool,
-    pub matched_tag: u64,
-    pub matched_data: u64,
+    pub probe_found: Cell<bool>,
+    pub matched_tag: Cell<u64>,
+    pub matched_data: Cell<u64>,
     /// Cancel bookkeeping for receives.
-    pub cancel_requested: bool,
+    pub cancel_requested: Cell<bool>,
     /// Software matching: the header sent or matched, the peer, the registration.
-    pub sm_hdr: super::softmatch::Hdr,
-    pub sm_addr: u64,
-    pub sm_mr: *mut c_void,
+    pub sm_hdr: Cell<super::softmatch::Hdr>,
+    pub sm_addr: Cell<u64>,
+    /// Null or the `Box` that `Req::keep_mr` leaked.
+    sm_mr: Cell<*mut MemoryRegion>,
     /// Source address a receive is posted with.
-    pub post_addr: u64,
+    pub post_addr: Cell<u64>,
     /// A receive with a negative tag (Open MPI's own), see [`Deferred`].
-    pub rx_internal: bool,
+    pub rx_internal: Cell<bool>,
     /// Counted in [`RxBudget`]: posted to the provider and not yet completed.
-    pub in_provider: bool,
+    pub in_provider: Cell<bool>,
 }
+
+/// A whole request of the MTL.
+pub type Request = MtlRequest<Body>;
+
+/// A live request of the MTL, reached by address (see [`ReqRef`] for its invariant).
+/// A handle is `Copy`: the MTL copies it only into what drops it before the request
+/// completes (the waiting queues, the lists of software matching, the table of
+/// synchronous sends), which is why its methods are crate-private.
+pub type Req = ReqRef<Body>;
 
 pub use crate::ompi::request::Status;
 
 /// Bytes the PML must reserve after its request for us.
-pub const REQUEST_EXTRA: usize =
-    std::mem::size_of::<Request>() - std::mem::size_of::<sys::mca_mtl_request_t>();
+pub const REQUEST_EXTRA: usize = Request::EXTRA;
 
-impl Request {
-    /// Initialise every field but `sup` (which the PML filled in) in place.
-    ///
-    /// # Safety
-    /// `r` must point to `size_of::<Request>()` writable bytes.
-    unsafe fn init(r: *mut Request, kind: Kind, comm: Option<Comm>) {
-        // SAFETY: the caller guarantees the memory; each field is written without
-        // reading (or dropping) the uninitialised old value.
-        unsafe {
-            ptr::addr_of_mut!((*r).ctx).write(std::mem::zeroed());
-            ptr::addr_of_mut!((*r).kind).write(kind);
-            ptr::addr_of_mut!((*r).pending).write(AtomicI32::new(0));
-            ptr::addr_of_mut!((*r).status).write(Status::default());
-            ptr::addr_of_mut!((*r).comm).write(comm);
-            ptr::addr_of_mut!((*r).convertor).write(None);
-            ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
-            ptr::addr_of_mut!((*r).length).write(0);
-            ptr::addr_of_mut!((*r).owns_buffer).write(false);
-            ptr::addr_of_mut!((*r).probe_found).write(false);
-            ptr::addr_of_mut!((*r).matched_tag).write(0);
-            ptr::addr_of_mut!((*r).matched_data).write(0);
-            ptr::addr_of_mut!((*r).cancel_requested).write(false);
-            ptr::addr_of_mut!((*r).sm_hdr).write(Default::default());
-            ptr::addr_of_mut!((*r).sm_addr).write(0);
-            ptr::addr_of_mut!((*r).sm_mr).write(ptr::null_mut());
-            ptr::addr_of_mut!((*r).post_addr).write(FI_ADDR_UNSPEC);
-            ptr::addr_of_mut!((*r).rx_internal).write(false);
-            ptr::addr_of_mut!((*r).in_provider).write(false);
+impl Body {
+    /// A new request of `kind` for `comm`.
+    fn new(kind: Kind, comm: Option<Comm>) -> Body {
+        Body {
+            kind: Cell::new(kind),
+            pending: AtomicI32::new(0),
+            status: Cell::new(Status::default()),
+            comm: Cell::new(comm),
+            convertor: Cell::new(None),
+            buffer: Cell::new(ptr::null_mut()),
+            length: Cell::new(0),
+            owns_buffer: Cell::new(false),
+            probe_found: Cell::new(false),
+            matched_tag: Cell::new(0),
+            matched_data: Cell::new(0),
+            cancel_requested: Cell::new(false),
+            sm_hdr: Cell::new(Default::default()),
+            sm_addr: Cell::new(0),
+            sm_mr: Cell::new(ptr::null_mut()),
+            post_addr: Cell::new(FI_ADDR_UNSPEC),
+            rx_internal: Cell::new(false),
+            in_provider: Cell::new(false),
         }
     }
 
+    pub fn kind(&self) -> Kind {
+        self.kind.get()
+    }
+
+    /// Change the kind of a request (a receive as software matching reads its
+    /// message, `Recv` to `SmRead` and back; a stashed message as it is claimed). A
+    /// [`Kind::Copied`] request stays one, and no other becomes one: `free_copied`
+    /// frees a Copied request's block by that kind.
+    pub fn set_kind(&self, kind: Kind) {
+        if kind != Kind::Copied && self.kind.get() != Kind::Copied {
+            self.kind.set(kind);
+        }
+    }
+
+    /// The bytes of the buffer from `at` on, at most `len` of them.
+    ///
+    /// # Safety
+    /// No operation writes the buffer while the slice lives (its receive completed,
+    /// or none was posted), and nothing else writes it meanwhile.
+    #[inline]
+    unsafe fn bytes<'a>(&self, at: usize, len: usize) -> &'a [u8] {
+        let (b, cap) = (self.buffer.get(), self.length.get());
+        if b.is_null() || at >= cap {
+            return &[];
+        }
+        // SAFETY: a non-null buffer holds `length` bytes (set only from a
+        // `RecvBuffer`, `SendData`, an allocation of that length or a Copied block,
+        // see `Req::recv_buf`) and at < cap; the caller's promise keeps them unchanged.
+        unsafe { std::slice::from_raw_parts(b.add(at), len.min(cap - at)) }
+    }
+
+    /// The buffer's three fields; private, so that they are only ever set from the
+    /// sources `Req::recv_buf` trusts.
+    #[inline(always)]
+    fn set_raw_buffer(&self, ptr: *mut u8, len: usize, owned: bool) {
+        self.buffer.set(ptr);
+        self.length.set(len);
+        self.owns_buffer.set(owned);
+    }
+
+    /// Free the buffer this request owns, if any.
+    ///
+    /// # Safety
+    /// No operation of the request that uses the buffer is in flight.
+    #[inline]
+    unsafe fn free_owned(&self) {
+        if self.owns_buffer.get() {
+            // SAFETY: the owned buffer came from libc::malloc (`alloc_buffer`, a
+            // convertor's pack buffer) and no operation uses it (the caller's promise);
+            // the fields are cleared so that it is freed once.
+            unsafe { libc::free(self.buffer.get().cast()) };
+            self.buffer.set(ptr::null_mut());
+            self.owns_buffer.set(false);
+        }
+    }
+}
+
+impl Request {
     /// A fully owned internal request (on the heap or the stack; reached through a
     /// [`Req`] while an operation of it is posted). A [`Kind::Copied`] request is made
     /// only by [`Req::alloc_copied`] (its block is freed by that kind): asked for one,
     /// this makes a [`Kind::Send`].
-    pub(crate) fn internal(kind: Kind, comm: Option<Comm>) -> Request {
+    pub(crate) fn of_kind(kind: Kind, comm: Option<Comm>) -> Request {
         let kind = if kind == Kind::Copied {
             Kind::Send
         } else {
             kind
         };
-        Request::internal_of(kind, comm)
-    }
-
-    fn internal_of(kind: Kind, comm: Option<Comm>) -> Request {
-        let mut r = std::mem::MaybeUninit::<Request>::uninit();
-        // SAFETY: r has room for a Request; init writes every field but sup, written
-        // right after, so the whole value is initialised.
-        unsafe {
-            Request::init(r.as_mut_ptr(), kind, comm);
-            ptr::addr_of_mut!((*r.as_mut_ptr()).sup).write(ompi::request::NO_PML);
-            r.assume_init()
-        }
+        MtlRequest::internal(Body::new(kind, comm))
     }
 
     /// The first `n` bytes (at most its length) of the buffer this request owns, once
     /// its receive completed; empty without one.
     #[inline]
-    pub(super) fn received(&self, n: usize) -> &[u8] {
-        if !self.owns_buffer || self.buffer.is_null() {
+    pub(super) fn received(&mut self, n: usize) -> &[u8] {
+        if !self.owns_buffer.get() {
             return &[];
         }
-        // SAFETY: an owned buffer holds `length` bytes (`Req::alloc_buffer`), and
-        // `&self` means no operation on the request is in flight.
-        unsafe { std::slice::from_raw_parts(self.buffer, n.min(self.length)) }
+        // SAFETY: `&mut self`: no handle, and so no operation, reaches the request.
+        unsafe { self.bytes(0, n) }
     }
 
     /// Free the buffer this request owns, if any.
     #[inline]
     pub(super) fn free_buffer(&mut self) {
-        if self.owns_buffer {
-            // SAFETY: an owned buffer comes from libc::malloc (`Req::alloc_buffer`, the
-            // convertor's pack buffers), and `&mut self` means nothing references it.
-            unsafe { libc::free(self.buffer as *mut c_void) };
-            self.owns_buffer = false;
-            self.buffer = ptr::null_mut();
-        }
+        // SAFETY: `&mut self`: no handle, and so no operation, reaches the request.
+        unsafe { self.free_owned() }
     }
 }
-
-/// The one heap block of a copied send: its request, then its bytes.
-fn copied_layout(total: usize) -> Option<std::alloc::Layout> {
-    // A Request's size is a multiple of its alignment, so the copy follows it directly.
-    std::alloc::Layout::from_size_align(
-        std::mem::size_of::<Request>() + total,
-        std::mem::align_of::<Request>(),
-    )
-    .ok()
-}
-
-/// A live request of ours, reached by address: the PML's (from an entry point), or an
-/// internal one (an acknowledgement pool's, a probe's, a claim's, a bounce buffer's, a
-/// blocking send's on the caller's stack).
-///
-/// Invariant: the handle points to an initialised [`Request`] that stays alive, and
-/// does not move, until its last completion is reaped and it is completed to its owner
-/// (the PML, or the code that made it). Its fields are read and written one at a time
-/// through the handle (raw reads and writes, never a reference to the whole request),
-/// so that a completion that writes the request re-entrantly, from a progress call
-/// made in the middle of an operation on it, never aliases a live `&mut Request`.
-/// Threads hand a request over through its `pending` counter (release/acquire) or a
-/// lock, as the C MTL does. A handle is `Copy`: the MTL copies it only into what drops
-/// it before the request completes (the waiting queues, the lists of software
-/// matching, the table of synchronous sends), which is why its methods are crate-private.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Req(NonNull<Request>);
-
-// SAFETY: a request is handed between threads only through its `pending` counter
-// (release/acquire) or under a lock (the queues that hold handles), see the invariant.
-unsafe impl Send for Req {}
 
 /// A getter per `Copy` field, and a setter per field that any value may take (not
 /// every field needs both). The buffer fields, which `recv_buf` and `free_buffer`
@@ -209,18 +224,13 @@ macro_rules! fields {
             $(
                 #[inline(always)]
                 pub(crate) fn $rname(self) -> $rt {
-                    // SAFETY: the handle's invariant: a live, initialised Request; the
-                    // field is read by value, without a reference to the request.
-                    unsafe { ptr::addr_of!((*self.0.as_ptr()).$rname).read() }
+                    self.get().$rname.get()
                 }
             )*
             $(
                 #[inline(always)]
                 pub(crate) fn $set(self, v: $t) {
-                    // SAFETY: the handle's invariant: a live, initialised Request; the
-                    // field holds a Copy value, overwritten without a reference to the
-                    // request.
-                    unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).$name).write(v) }
+                    self.get().$name.set(v)
                 }
             )*
         }
@@ -228,10 +238,10 @@ macro_rules! fields {
 }
 
 fields! {
-    read: kind: Kind, length: usize, owns_buffer: bool, sup: sys::mca_mtl_request_t,
+    read: length: usize, owns_buffer: bool,
         status: Status, comm: Option<Comm>, convertor: Option<Convertor>,
         probe_found: bool, matched_tag: u64, matched_data: u64,
-        sm_hdr: super::softmatch::Hdr, sm_addr: u64, sm_mr: *mut c_void, post_addr: u64,
+        sm_hdr: super::softmatch::Hdr, sm_addr: u64, post_addr: u64,
         rx_internal: bool, in_provider: bool;
     write:
     status / set_status: Status,
@@ -248,56 +258,28 @@ fields! {
 }
 
 impl Req {
-    /// Change the kind of a receive as software matching reads its message (`Recv` to
-    /// `SmRead` and back). A [`Kind::Copied`] request stays one, and no other becomes one:
-    /// `free_copied` frees a Copied request's block by that kind.
+    #[inline(always)]
+    pub(crate) fn kind(self) -> Kind {
+        self.get().kind()
+    }
+
+    /// [`Body::set_kind`].
     #[inline]
     pub(crate) fn set_kind(self, kind: Kind) {
-        if kind == Kind::Copied || self.kind() == Kind::Copied {
-            return;
-        }
-        // SAFETY: the handle's invariant: a live, initialised Request; a plain field
-        // write of a Copy value.
-        unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).kind).write(kind) }
+        self.get().set_kind(kind)
     }
 
     /// Initialise the PML's request `req`, with our bytes behind it, as a request of
     /// `kind`.
     ///
     /// # Safety
-    /// `req` is the PML's request of the current operation, with `mtl_request_size`
-    /// bytes of ours behind its head, alive until we complete it.
+    /// As [`ReqRef::init_at`]: `req` is the PML's request of the current operation,
+    /// with `mtl_request_size` bytes of ours behind its head, alive until we complete
+    /// it.
     #[inline]
     pub(crate) unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
-        let r = req as *mut Request;
-        // SAFETY: the caller's promise: room for a Request, whose head the PML filled in; the PML's
-        // request is never null.
-        unsafe {
-            Request::init(r, kind, Some(comm));
-            Req(NonNull::new_unchecked(r))
-        }
-    }
-
-    /// The PML's request `req`, initialised by an earlier [`Req::init_pml`].
-    ///
-    /// # Safety
-    /// `req` heads a request of ours the PML has not seen complete.
-    #[inline]
-    pub(crate) unsafe fn of_pml(req: NonNull<sys::mca_mtl_request_t>) -> Req {
-        Req(req.cast())
-    }
-
-    /// The request an operation's context belongs to (a completion's `op_context`).
-    ///
-    /// # Safety
-    /// `ctx` is null or what [`Req::op_context`] returned for an operation whose
-    /// completion is being reaped now.
-    #[inline]
-    pub(crate) unsafe fn of_context(ctx: *mut c_void) -> Option<Req> {
-        // The caller's promise: ctx is the ctx field of a live Request, so the request
-        // starts offset_of!(Request, ctx) bytes before it.
-        let r = ctx.wrapping_byte_sub(offset_of!(Request, ctx)) as *mut Request;
-        NonNull::new(ctx).and(NonNull::new(r)).map(Req)
+        // SAFETY: the caller's promise, which is init_at's.
+        unsafe { ReqRef::init_at(req, Body::new(kind, Some(comm))) }
     }
 
     /// The request whose address software matching sent as a token ([`Req::addr`]);
@@ -308,7 +290,8 @@ impl Req {
     /// completion the token stands for.
     #[inline]
     pub(crate) unsafe fn of_token(token: u64) -> Option<Req> {
-        NonNull::new(token as *mut Request).map(Req)
+        // SAFETY: the caller's promise, which is of_addr's.
+        unsafe { ReqRef::of_addr(token) }
     }
 
     /// What a receive completion reports in this request's buffer: `len` bytes at its
@@ -317,44 +300,24 @@ impl Req {
     /// stay valid until the buffer is posted again.
     #[inline]
     pub(crate) fn received_at<'a>(self, multi: bool, buf: usize, len: usize) -> Option<&'a [u8]> {
-        // SAFETY: the handle's invariant; the buffer holds `length` bytes (see
-        // `recv_buf`) and its receive completed, so nothing writes it until it is
-        // posted again, which the caller does only after it is done with the bytes.
-        unsafe {
-            let r = self.0.as_ptr();
-            crate::fabric::ep::received((*r).buffer, (*r).length, multi, buf as *const c_void, len)
+        let r = self.get();
+        let at = if multi {
+            buf.wrapping_sub(r.buffer.get() as usize)
+        } else {
+            0
+        };
+        if at >= r.length.get() {
+            return None;
         }
-    }
-
-    /// A handle to `r`, an internal request of the caller's.
-    ///
-    /// # Safety
-    /// `r` is neither moved, freed nor used other than through handles until its last
-    /// completion is reaped (the caller waits for it, or keeps it alive until the MTL is
-    /// torn down).
-    #[inline(always)]
-    pub(crate) unsafe fn of(r: &mut Request) -> Req {
-        Req(NonNull::from(r))
-    }
-
-    /// The address, as software matching's tokens carry it.
-    #[inline(always)]
-    pub(crate) fn addr(self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-
-    /// The address a handle to `r` would have (to find a request by its handle).
-    #[inline(always)]
-    pub(crate) fn addr_of(r: &Request) -> u64 {
-        r as *const Request as u64
+        // SAFETY: the buffer's receive completed, so nothing writes it until it is
+        // posted again, which the caller does only after it is done with the bytes.
+        Some(unsafe { r.bytes(at, len) })
     }
 
     /// The completions still expected.
     #[inline(always)]
     pub(crate) fn pending(&self) -> &AtomicI32 {
-        // SAFETY: the handle's invariant: a live Request; the counter is an atomic,
-        // shared with whoever completes the request, borrowed only as long as `self`.
-        unsafe { &(*self.0.as_ptr()).pending }
+        &self.get().pending
     }
 
     /// Change the status through `f` (on a copy, written back).
@@ -369,27 +332,12 @@ impl Req {
     /// first under the test hook of `common::quirks::scribble`).
     #[inline]
     pub(crate) fn op_context(self) -> OpContext {
-        // SAFETY: the handle's invariant: the request, and with it its ctx field, lives
-        // until the operation's completion is reaped; no operation of it is in flight
-        // while it is being posted, so nothing else uses ctx now, and afterwards only the
-        // provider does (the data path only takes its address).
-        unsafe {
-            let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
-            crate::common::quirks::scribble(&mut *ctx);
-            OpContext::new(NonNull::new_unchecked(ctx))
-        }
-    }
-
-    /// The context an operation of this request was posted with (to cancel it).
-    #[inline]
-    pub(crate) fn posted_context(self) -> OpContext {
-        // SAFETY: the handle's invariant: the request, and with it its ctx field, lives
-        // until the operation's completion is reaped; no one but the provider reads or
-        // writes ctx (the data path only takes its address).
-        unsafe {
-            let ctx = ptr::addr_of_mut!((*self.0.as_ptr()).ctx);
-            OpContext::new(NonNull::new_unchecked(ctx))
-        }
+        let garbage = crate::common::quirks::scribble_contexts().then(|| {
+            let mut c = fi::fi_context2::default();
+            crate::common::quirks::scribble(&mut c);
+            c
+        });
+        self.context_for_post(garbage)
     }
 
     /// Take over the memory a receive lands in (the user's, or a buffer of ours that
@@ -397,7 +345,7 @@ impl Req {
     #[inline]
     pub(crate) fn set_recv_buffer(self, b: RecvBuffer) {
         let (ptr, len, owned) = b.into_parts();
-        self.set_raw_buffer(ptr, len, owned);
+        self.get().set_raw_buffer(ptr, len, owned);
     }
 
     /// Give the request a fresh buffer of `len` bytes it owns (freed at completion).
@@ -410,37 +358,20 @@ impl Req {
         if b.is_null() {
             return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
         }
-        self.set_raw_buffer(b, len, true);
+        self.get().set_raw_buffer(b, len, true);
         Ok(())
-    }
-
-    #[inline(always)]
-    fn set_raw_buffer(self, ptr: *mut u8, len: usize, owned: bool) {
-        // SAFETY: the handle's invariant: a live Request; plain field writes.
-        unsafe {
-            let r = self.0.as_ptr();
-            ptr::addr_of_mut!((*r).buffer).write(ptr);
-            ptr::addr_of_mut!((*r).length).write(len);
-            ptr::addr_of_mut!((*r).owns_buffer).write(owned);
-        }
     }
 
     /// Where the request's receive lands, for the fabric.
     #[inline]
     pub(crate) fn recv_buf(self) -> Local {
+        let r = self.get();
         // SAFETY: buffer and length are set only from a `RecvBuffer` (the user's memory,
-        // valid until the PML's request completes, or ours) or by `alloc_buffer` (ours,
-        // freed only by `free_buffer` after the completion), so they describe memory
-        // that stays valid, and that only the provider touches, until the receive
-        // completes.
-        unsafe {
-            let r = self.0.as_ptr();
-            Local::new(
-                ptr::addr_of!((*r).buffer).read().cast(),
-                ptr::addr_of!((*r).length).read(),
-                ptr::null_mut(),
-            )
-        }
+        // valid until the PML's request completes, or ours), by `alloc_buffer` (ours,
+        // freed only by `free_buffer` after the completion) or to a Copied request's
+        // own block, so they describe memory that stays valid, and that only the
+        // provider touches, until the operation completes.
+        unsafe { Local::new(r.buffer.get().cast(), r.length.get(), ptr::null_mut()) }
     }
 
     /// The data of a send, for the fabric: the request takes over a pack buffer (and
@@ -450,7 +381,7 @@ impl Req {
     pub(crate) fn send_buf(self, data: SendData) -> Local {
         let (ptr, len, owned) = data.into_parts();
         if owned {
-            self.set_raw_buffer(ptr as *mut u8, len, true);
+            self.get().set_raw_buffer(ptr as *mut u8, len, true);
         }
         // SAFETY: a pack buffer is owned by the request from here until its last
         // completion (or a failed post); the user's contiguous buffer is valid until
@@ -470,10 +401,7 @@ impl Req {
         if n > 0 {
             // SAFETY: the buffer holds `length` bytes (see `recv_buf`), no operation
             // writes it now (the caller matched the message itself), and n <= cap - at.
-            unsafe {
-                let b = ptr::addr_of!((*self.0.as_ptr()).buffer).read();
-                ptr::copy_nonoverlapping(bytes.as_ptr(), b.add(at), n);
-            }
+            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.get().buffer.get().add(at), n) }
         }
         n
     }
@@ -481,16 +409,9 @@ impl Req {
     /// Free the buffer the request owns, if any.
     #[inline]
     pub(crate) fn free_buffer(self) {
-        if self.owns_buffer() {
-            // SAFETY: the handle's invariant; the owned buffer came from libc::malloc
-            // (`alloc_buffer`, a convertor's pack buffer) and its operation is over.
-            unsafe {
-                let r = self.0.as_ptr();
-                libc::free(ptr::addr_of!((*r).buffer).read() as *mut c_void);
-                ptr::addr_of_mut!((*r).buffer).write(ptr::null_mut());
-                ptr::addr_of_mut!((*r).owns_buffer).write(false);
-            }
-        }
+        // SAFETY: the MTL frees a request's buffer only once its operations are over
+        // (at completion, or after a post failed).
+        unsafe { self.get().free_owned() }
     }
 
     /// Unpack the first `n` received bytes of the buffer the request owns into the
@@ -501,14 +422,9 @@ impl Req {
             return;
         }
         if let Some(conv) = self.convertor() {
-            let n = n.min(self.length());
-            // SAFETY: the owned buffer holds `length` bytes, of which the receive that
-            // just completed wrote the first n; nothing else references it.
-            let bytes = unsafe {
-                let b = ptr::addr_of!((*self.0.as_ptr()).buffer).read();
-                std::slice::from_raw_parts(b, n)
-            };
-            conv.unpack(bytes);
+            // SAFETY: the receive that just completed wrote the first n bytes, and
+            // nothing else references the buffer, which the request owns.
+            conv.unpack(unsafe { self.get().bytes(0, n) });
         }
         self.free_buffer();
     }
@@ -517,22 +433,15 @@ impl Req {
     #[inline]
     pub(crate) fn keep_mr(self, mr: MemoryRegion) {
         drop(self.take_mr());
-        let p = Box::into_raw(Box::new(mr)) as *mut c_void;
-        // SAFETY: the handle's invariant; a plain field write.
-        unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).sm_mr).write(p) }
+        self.get().sm_mr.set(Box::into_raw(Box::new(mr)));
     }
 
     /// Take back the registration [`Req::keep_mr`] kept, if any.
     #[inline]
     pub(crate) fn take_mr(self) -> Option<Box<MemoryRegion>> {
-        // SAFETY: the handle's invariant; sm_mr is null or the Box `keep_mr` leaked,
-        // taken once (cleared here).
-        unsafe {
-            let f = ptr::addr_of_mut!((*self.0.as_ptr()).sm_mr);
-            let p = f.read() as *mut MemoryRegion;
-            f.write(ptr::null_mut());
-            (!p.is_null()).then(|| Box::from_raw(p))
-        }
+        let p = self.get().sm_mr.replace(ptr::null_mut());
+        // SAFETY: sm_mr is null or the Box `keep_mr` leaked, taken once (cleared above).
+        (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
     }
 
     /// The software-matching header kept in the request, as the first part of a send
@@ -540,15 +449,10 @@ impl Req {
     /// [`Req::stamp_sm_hdr`] between attempts writes the header meanwhile).
     #[inline]
     pub(crate) fn sm_hdr_buf(self) -> Local {
+        let h = &self.get().sm_hdr;
         // SAFETY: the handle's invariant: the request, with its header, lives until the
         // send's completion, and the header is written only before each attempt.
-        unsafe {
-            Local::new(
-                ptr::addr_of_mut!((*self.0.as_ptr()).sm_hdr).cast(),
-                std::mem::size_of::<super::softmatch::Hdr>(),
-                ptr::null_mut(),
-            )
-        }
+        unsafe { Local::new(h.as_ptr().cast(), std::mem::size_of_val(h), ptr::null_mut()) }
     }
 
     /// Number the header kept in the request (see `softmatch::order`); nothing for an
@@ -566,34 +470,16 @@ impl Req {
     /// A request of kind [`Kind::Copied`] followed by a copy of `head` then `data`, in
     /// one block freed by [`Req::free_copied`]; `None` without memory.
     pub(crate) fn alloc_copied(head: &[u8], data: &[u8]) -> Option<Req> {
-        let total = head.len() + data.len();
-        let layout = copied_layout(total)?;
-        // SAFETY: the layout has a non-zero size (it holds a Request); a block that is
-        // not null has room for a Request followed by total bytes, into which the two
-        // sources, which hold what is copied, are copied.
-        let c = unsafe {
-            let c = NonNull::new(std::alloc::alloc(layout) as *mut Request)?;
-            let p = c.as_ptr();
-            p.write(Request::internal_of(Kind::Copied, None));
-            let buf = (p as *mut u8).add(std::mem::size_of::<Request>());
-            ptr::copy_nonoverlapping(head.as_ptr(), buf, head.len());
-            ptr::copy_nonoverlapping(data.as_ptr(), buf.add(head.len()), data.len());
-            (*p).buffer = buf;
-            (*p).length = total;
-            c
-        };
-        Some(Req(c))
+        let r = MtlRequest::internal(Body::new(Kind::Copied, None));
+        let (c, copy) = ReqRef::alloc_with_tail(r, head, data)?;
+        c.get().set_raw_buffer(copy, head.len() + data.len(), false);
+        Some(c)
     }
 
     /// The copy of a [`Req::alloc_copied`] request, to send.
     #[inline]
     pub(crate) fn copied_buf(self) -> Local {
-        // SAFETY: the handle's invariant; a Copied request's buffer is the copy in its
-        // own block, which lives until `free_copied` after its completion.
-        unsafe {
-            let r = self.0.as_ptr();
-            Local::new((*r).buffer.cast(), (*r).length, ptr::null_mut())
-        }
+        self.recv_buf()
     }
 
     /// Number the header at the start of a [`Req::alloc_copied`] request's copy (see
@@ -614,58 +500,22 @@ impl Req {
         if self.kind() != Kind::Copied {
             return;
         }
-        // SAFETY: a Copied request heads a block from alloc_copied with the layout of
-        // its length (the only place that makes one); its operation is over.
-        unsafe {
-            let r = self.0.as_ptr();
-            let total = (*r).length;
-            ptr::drop_in_place(r);
-            if let Some(layout) = copied_layout(total) {
-                std::alloc::dealloc(r as *mut u8, layout);
-            }
-        }
+        // SAFETY: a Copied request is made only by alloc_copied, with a copy of
+        // `length` bytes (never changed: its buffer has no other setter), and the
+        // caller's operation on it is over.
+        unsafe { self.free_with_tail(self.length()) }
     }
 
     /// A PML request stands behind this one.
     #[inline(always)]
     pub(crate) fn has_pml(self) -> bool {
-        ompi::request::has_pml(&self.sup())
+        self.get().has_pml()
     }
 
     /// Publish the status to the PML's request and tell the PML it is complete. The
     /// handle is not used afterwards (the PML may free the request).
     #[inline]
     pub(crate) fn complete_to_pml(self) {
-        // SAFETY: the handle's invariant: a live request, which the PML's
-        // ompi_request_t outlives; nothing uses the handle after the callback.
-        unsafe {
-            let r = self.0.as_ptr();
-            ompi::request::complete(ptr::addr_of_mut!((*r).sup), (*r).status)
-        }
-    }
-
-    /// Tell the PML a cancel did not take.
-    #[inline]
-    pub(crate) fn mark_not_cancelled(self) {
-        // SAFETY: the handle's invariant: a live request, headed by the PML's.
-        unsafe { ompi::request::mark_not_cancelled(ptr::addr_of_mut!((*self.0.as_ptr()).sup)) }
-    }
-
-    /// A request on the heap that lives until [`Req::into_box`].
-    #[inline]
-    pub(crate) fn leak(r: Box<Request>) -> Req {
-        Req(NonNull::from(Box::leak(r)))
-    }
-
-    /// Take back a request made by [`Req::leak`].
-    ///
-    /// # Safety
-    /// `self` came from [`Req::leak`], no operation of it is in flight, and no handle
-    /// to it is used afterwards.
-    #[inline]
-    pub(crate) unsafe fn into_box(self) -> Box<Request> {
-        // SAFETY: the caller's promise: the Box `leak` leaked, with nothing in flight and no
-        // handle used afterwards.
-        unsafe { Box::from_raw(self.0.as_ptr()) }
+        self.complete_with(self.status())
     }
 }

@@ -216,7 +216,7 @@ pub(super) fn send_impl(
                 return rc;
             }
         }
-        let mut req = Request::internal(Kind::Send, Some(comm));
+        let mut req = Request::of_kind(Kind::Send, Some(comm));
         let rc = with_request(m, &mut req, |r| {
             let rc = super::softmatch::send(m, sm, r, to, data, bits, cqd, sync);
             if rc != sys::OMPI_SUCCESS {
@@ -234,7 +234,7 @@ pub(super) fn send_impl(
     if !sync && data.len() <= m.inject_size {
         return inject(m, addr, &data, comm, tag, false);
     }
-    let mut req = Request::internal(Kind::Send, Some(comm));
+    let mut req = Request::of_kind(Kind::Send, Some(comm));
     let rc = with_request(m, &mut req, |r| {
         let rc = post_send(m, r, addr, data, comm, tag, sync, false);
         if rc != sys::OMPI_SUCCESS {
@@ -254,7 +254,7 @@ pub(super) fn send_impl(
 
 /// What a completed blocking send returns.
 fn blocking_result(r: &Request) -> c_int {
-    match r.status.error {
+    match r.status.get().error {
         0 => sys::OMPI_SUCCESS,
         e => e,
     }

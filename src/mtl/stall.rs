@@ -61,7 +61,17 @@ fn matches(m: &Mtl, comm: Comm, want: u64, ignore: u64, addr: u64, bits: u64, da
 fn matches_recv(m: &Mtl, r: Req, s: &Request) -> bool {
     let (comm, want, ignore, addr) = (r.comm(), r.matched_tag(), r.matched_data(), r.post_addr());
     // A receive without a communicator matches nothing (every receive has one).
-    comm.is_some_and(|comm| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
+    comm.is_some_and(|comm| {
+        matches(
+            m,
+            comm,
+            want,
+            ignore,
+            addr,
+            s.matched_tag.get(),
+            s.matched_data.get(),
+        )
+    })
 }
 
 /// Take the oldest stashed message receive `r` matches.
@@ -76,9 +86,17 @@ pub(super) fn take_for_recv(m: &Mtl, d: &mut Deferred, r: Req) -> Option<Box<Req
 
 /// The oldest stashed message a probe of (`comm`, `want`/`ignore`, `addr`) matches.
 fn find(m: &Mtl, d: &Deferred, comm: Comm, (want, ignore, addr): (u64, u64, u64)) -> Option<usize> {
-    d.stash
-        .iter()
-        .position(|s| matches(m, comm, want, ignore, addr, s.matched_tag, s.matched_data))
+    d.stash.iter().position(|s| {
+        matches(
+            m,
+            comm,
+            want,
+            ignore,
+            addr,
+            s.matched_tag.get(),
+            s.matched_data.get(),
+        )
+    })
 }
 
 /// `MPI_Iprobe` of the stash: tag bits, CQ data and length of the oldest match.
@@ -93,7 +111,11 @@ pub(super) fn peek_stash(
     let d = locked(&m.deferred)?;
     Ok(find(m, &d, comm, pattern).map(|i| {
         let s = &d.stash[i];
-        (s.matched_tag, s.matched_data, s.status.count)
+        (
+            s.matched_tag.get(),
+            s.matched_data.get(),
+            s.status.get().count,
+        )
     }))
 }
 
@@ -109,19 +131,19 @@ pub(super) fn claim_stash(
         return None;
     }
     let i = find(m, d, comm, pattern)?;
-    let mut s = d.stash.remove(i)?;
+    let s = d.stash.remove(i)?;
     if d.stash.is_empty() {
         m.has_stash.store(false, Ordering::SeqCst);
     }
-    s.comm = Some(comm);
-    s.kind = Kind::Claim;
+    s.comm.set(Some(comm));
+    s.set_kind(Kind::Claim);
     acknowledge(m, comm, &s);
     Some(s)
 }
 
 /// A synchronous send's message was matched: tell its sender.
 fn acknowledge(m: &Mtl, comm: Comm, s: &Request) {
-    if let Ok(env) = envelope(m, comm, s.matched_tag, s.matched_data) {
+    if let Ok(env) = envelope(m, comm, s.matched_tag.get(), s.matched_data.get()) {
         if env.proto == super::tag::Proto::Sync {
             super::completion::send_ack(m, comm, env.source, env.sync_id);
         }
@@ -131,14 +153,14 @@ fn acknowledge(m: &Mtl, comm: Comm, s: &Request) {
 /// Complete receive `r` (taken off the waiting queue, never posted, in no queue any
 /// more) with stashed message `s`: copy, unpack, acknowledge, report. Call without the
 /// `deferred` lock.
-pub(super) fn deliver(m: &Mtl, r: Req, s: Box<Request>) {
-    let len = s.status.count;
+pub(super) fn deliver(m: &Mtl, r: Req, mut s: Box<Request>) {
+    let len = s.status.get().count;
     r.write_at(0, s.received(len));
     recv_done(
         m,
         r,
-        s.matched_tag,
-        s.matched_data,
+        s.matched_tag.get(),
+        s.matched_data.get(),
         len,
         true,
         sys::MPI_SUCCESS as c_int,
@@ -255,13 +277,13 @@ fn take_first(
     want: u64,
     ignore: u64,
 ) -> Result<Option<Box<Request>>, c_int> {
-    let mut s = Box::new(Request::internal(Kind::Stash, None));
+    let mut s = Box::new(Request::of_kind(Kind::Stash, None));
     peek_wait(m, &mut s, rx, FI_ADDR_UNSPEC, want, ignore)?;
-    if !s.probe_found {
+    if !s.probe_found.get() {
         return Ok(None);
     }
-    let (bits, len) = (s.matched_tag, s.status.count);
-    let from = sender(m, bits, s.matched_data);
+    let (bits, len) = (s.matched_tag.get(), s.status.get().count);
+    let from = sender(m, bits, s.matched_data.get());
     let got = recv_exact(m, &mut s, rx, from, bits, len)?;
     Ok(got.then_some(s))
 }

@@ -11,6 +11,7 @@ pub mod memhooks;
 pub mod message;
 pub mod modex;
 pub mod mtl_module;
+pub mod mtl_request;
 pub mod output;
 pub mod params;
 pub mod proc;

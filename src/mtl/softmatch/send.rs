@@ -446,5 +446,5 @@ pub(super) fn drop_mr(r: Req) {
 
 /// A new internal request of software matching's (a bounce buffer's).
 pub(super) fn internal(kind: Kind) -> Box<Request> {
-    Box::new(Request::internal(kind, None))
+    Box::new(Request::of_kind(kind, None))
 }
