@@ -310,6 +310,78 @@ impl Drop for Buffer {
     }
 }
 
+/// Address space that the provider may write into and that no one reads: an anonymous
+/// private mapping with `MAP_NORESERVE`, so that only the pages a write touches cost
+/// memory (the MTL's overflow area, where the excess of a message longer than its
+/// receive goes). Unmapped by `Drop`.
+///
+/// Invariant: `ptr` is a mapping of `len` bytes made by [`Scrap::map`], unmapped only
+/// by `Drop`.
+pub struct Scrap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: Rust code never reads or writes the mapping (only the provider does, through
+// the ranges of `Scrap::local`); the value is an address and a length.
+unsafe impl Send for Scrap {}
+// SAFETY: as for Send: sharing a Scrap shares an address, no memory.
+unsafe impl Sync for Scrap {}
+
+impl Scrap {
+    /// `len` bytes of address space, or `None` when the mapping fails.
+    pub fn map(len: usize) -> Option<Scrap> {
+        // SAFETY: an anonymous private mapping at an address the kernel picks; checked
+        // for failure below.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        NonNull::new(p.cast()).map(|ptr| Scrap { ptr, len })
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole mapping as a range to receive into. Its contents are garbage that no
+    /// one reads, so any number of receives may share it.
+    ///
+    /// # Safety
+    /// The value is not dropped until the completions of the operations posted with
+    /// the range are reaped (or their endpoint is closed).
+    #[inline(always)]
+    pub unsafe fn local(&self) -> Local {
+        Local {
+            addr: self.ptr.as_ptr().cast(),
+            len: self.len,
+            desc: ptr::null_mut(),
+        }
+    }
+}
+
+impl Drop for Scrap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping of the invariant, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// A message of at most `N` bytes built on the stack to be injected. Nothing is
 /// cleared: the buffer starts uninitialised, and only the prefix written so far (by
 /// [`StackMsg::push`] and [`StackMsg::fill`]) is ever read ([`StackMsg::bytes`]), so

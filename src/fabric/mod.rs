@@ -85,7 +85,7 @@ pub mod mr;
 pub mod post;
 
 pub use av::{AddressVector, AvAttr};
-pub use buffer::{Buffer, Local, OpContext, Scratch};
+pub use buffer::{Buffer, Local, OpContext, Scrap, Scratch};
 pub use cq::{CompletionQueue, CqAttr, CqErrEntry};
 pub use domain::Domain;
 pub use ep::Endpoint;

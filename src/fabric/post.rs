@@ -109,8 +109,8 @@ fn descs2(d: &mut [*mut c_void; 2]) -> *mut *mut c_void {
     }
 }
 
-/// An open endpoint, borrowed for `'a`.
-#[derive(Clone, Copy, Debug)]
+/// An open endpoint, borrowed for `'a`. Equal views are of the same endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpRef<'a> {
     fid: NonNull<fi::fid_ep>,
     _open: PhantomData<&'a Endpoint>,

@@ -11,7 +11,7 @@
 
 use super::probe::{improbe_impl, imrecv_impl, iprobe_impl};
 use super::recv::{cancel_impl, irecv_impl};
-use super::request::{Kind, Req};
+use super::request::{Body, Kind, Req};
 use super::send::{isend_impl, send_impl};
 use super::state::{Entry, FAILED};
 use crate::ompi::comm::Comm;
@@ -79,7 +79,7 @@ pub unsafe extern "C" fn mtl_isend(
                 Entry::enter(),
                 comm,
                 Convertor::from_raw(conv),
-                Req::init_pml(req, Kind::Send, comm),
+                Req::init_at(req, Body::pml(Kind::Send, comm)),
             )
         };
         let Some(conv) = conv else {
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn mtl_irecv(
                 Entry::enter(),
                 comm,
                 Convertor::from_raw(conv),
-                Req::init_pml(req, Kind::Recv, comm),
+                Req::init_at(req, Body::pml(Kind::Recv, comm)),
             )
         };
         let Some(conv) = conv else {
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn mtl_imrecv(
                 return sys::OMPI_ERR_BAD_PARAM;
             };
             let message = Message::from_raw(message);
-            let r = Req::init_pml(req, Kind::Recv, message.comm());
+            let r = Req::init_at(req, Body::pml(Kind::Recv, message.comm()));
             (Entry::enter(), conv, message, r)
         };
         imrecv_impl(&e, conv, message, r)

@@ -100,6 +100,12 @@ pub use crate::ompi::request::Status;
 pub const REQUEST_EXTRA: usize = Request::EXTRA;
 
 impl Body {
+    /// The body of a PML request of `kind` on `comm` (for [`ReqRef::init_at`]).
+    #[inline]
+    pub(crate) fn pml(kind: Kind, comm: Comm) -> Body {
+        Body::new(kind, Some(comm))
+    }
+
     /// A new request of `kind` for `comm`.
     fn new(kind: Kind, comm: Option<Comm>) -> Body {
         Body {
@@ -267,31 +273,6 @@ impl Req {
     #[inline]
     pub(crate) fn set_kind(self, kind: Kind) {
         self.get().set_kind(kind)
-    }
-
-    /// Initialise the PML's request `req`, with our bytes behind it, as a request of
-    /// `kind`.
-    ///
-    /// # Safety
-    /// As [`ReqRef::init_at`]: `req` is the PML's request of the current operation,
-    /// with `mtl_request_size` bytes of ours behind its head, alive until we complete
-    /// it.
-    #[inline]
-    pub(crate) unsafe fn init_pml(req: *mut sys::mca_mtl_request_t, kind: Kind, comm: Comm) -> Req {
-        // SAFETY: the caller's promise, which is init_at's.
-        unsafe { ReqRef::init_at(req, Body::new(kind, Some(comm))) }
-    }
-
-    /// The request whose address software matching sent as a token ([`Req::addr`]);
-    /// `None` for 0.
-    ///
-    /// # Safety
-    /// `token` is 0 or the address of a live request of ours that still expects the
-    /// completion the token stands for.
-    #[inline]
-    pub(crate) unsafe fn of_token(token: u64) -> Option<Req> {
-        // SAFETY: the caller's promise, which is of_addr's.
-        unsafe { ReqRef::of_addr(token) }
     }
 
     /// What a receive completion reports in this request's buffer: `len` bytes at its

@@ -10,11 +10,11 @@ use super::ffi;
 use super::peer::PeerEndpoint;
 use super::progress;
 use super::request::REQUEST_EXTRA;
-use super::state::{self, Mtl};
+use super::state;
 use super::tag::TagLayout;
 use crate::common::sync::lock;
 use crate::common::{fbox, DomainHandle};
-use crate::fabric::{AddressVector, CompletionQueue, Endpoint};
+use crate::fabric::{AddressVector, CompletionQueue, Endpoint, Scrap};
 use crate::ompi::comm::Comm;
 use crate::ompi::component::{ffi_guard, Exported};
 use crate::ompi::error::OpalCode;
@@ -108,35 +108,13 @@ pub(super) fn publish_module(layout: &TagLayout) -> *mut sys::mca_mtl_base_modul
 /// only (MAP_NORESERVE), touched only by a message longer than its receive.
 const OVERFLOW_MAX: usize = 1 << 30;
 
-pub(super) fn overflow_area(max_msg: usize) -> (*mut u8, usize) {
+pub(super) fn overflow_area(max_msg: usize) -> Option<Scrap> {
     let len = max_msg.clamp(4096, OVERFLOW_MAX);
-    // SAFETY: an anonymous private mapping; checked for failure.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    let s = Scrap::map(len);
+    if s.is_none() {
         log::warn!("no overflow area for receives ({len} bytes): a truncated receive may stall this provider");
-        (ptr::null_mut(), 0)
-    } else {
-        (p as *mut u8, len)
     }
-}
-
-/// Release the overflow area (after the endpoint can no longer write into it: called
-/// from finalize before the objects close, which is fine because no receive is posted
-/// any more once the PML finalizes).
-fn overflow_unmap(m: &Mtl) {
-    if !m.overflow.is_null() {
-        // SAFETY: the mapping made in overflow_area, of overflow_len bytes.
-        unsafe { libc::munmap(m.overflow as *mut libc::c_void, m.overflow_len) };
-    }
+    s
 }
 
 /// The MTL's modex entry: the endpoint name's length (u16, little-endian), the name,
@@ -363,7 +341,9 @@ pub fn finalize() {
     }
     if let Some(mut m) = m {
         super::stall::discard_all(&m);
-        overflow_unmap(&m);
+        // Unmapped here, before the objects close, which is fine because no receive
+        // is posted any more once the PML finalizes.
+        drop(m.overflow.take());
         if let Some(sm) = m.soft.as_mut() {
             sm.free_bounces();
         }

@@ -33,7 +33,6 @@ use super::request::{Kind, Req, Request};
 use super::state::{locked, Deferred, Mtl};
 use crate::fabric::{EpRef, FI_ADDR_UNSPEC};
 use crate::ompi::comm::Comm;
-use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -229,12 +228,12 @@ pub(super) fn break_stall(m: &Mtl, gen: u64) {
             return;
         }
         let (want, ignore) = m.layout.user_any();
-        let mut seen: Vec<*mut fi::fid_ep> = Vec::new();
+        let mut seen: Vec<EpRef<'_>> = Vec::new();
         for c in m.ctxs.iter() {
-            if seen.contains(&c.rx) {
+            if seen.contains(&c.rx()) {
                 continue;
             }
-            seen.push(c.rx);
+            seen.push(c.rx());
             for _ in 0..BATCH {
                 let s = match take_first(m, c.rx(), want, ignore) {
                     Ok(Some(s)) => s,

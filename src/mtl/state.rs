@@ -19,8 +19,7 @@ use super::request::Request;
 use super::send::PendingSend;
 use super::tag::TagLayout;
 use crate::common::sync::MaybeLock;
-use crate::fabric::{CqRef, EpRef, Local, FI_ADDR_UNSPEC};
-use libfabric_sys as fi;
+use crate::fabric::{CompletionQueue, CqRef, Endpoint, EpRef, Local, FI_ADDR_UNSPEC};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::os::raw::c_int;
@@ -46,10 +45,9 @@ pub struct Mtl {
     pub events_per_progress: usize,
     pub lock: MaybeLock,
     /// Receives end with this many bytes of shared scratch, so that the provider never
-    /// truncates (see `common::quirks::Quirks::truncation_unsafe`); null when unused.
+    /// truncates (see `common::quirks::Quirks::truncation_unsafe`); `None` when unused.
     /// Its contents are garbage: whatever lands there is never read.
-    pub overflow: *mut u8,
-    pub overflow_len: usize,
+    pub overflow: Option<crate::fabric::Scrap>,
     pub sync_ids: AtomicU32,
     pub counters: Counters,
     /// Matching in software (see softmatch.rs), for providers whose tag matching is
@@ -87,44 +85,54 @@ pub struct Mtl {
     pub acks: super::ack::Acks,
 }
 
-/// One transmit/receive context pair and the CQ both report to. Invariant: the
-/// objects are open while the [`Mtl`] that holds this is reachable through [`mtl`]
-/// (setup keeps their owners in its resources, which finalize closes only after it
-/// took the state out of [`MTL`]), and the CQ has the tagged format.
+/// One transmit/receive context pair and the CQ both report to, as the data path
+/// posts and polls them. Their owners are kept in setup's resources, which finalize
+/// closes only after it took the state out of [`MTL`], so the views stay valid while
+/// the [`Mtl`] that holds this is reachable (the promise of [`Ctx::new`]); the
+/// accessors lend them for a borrow of the `Ctx` only.
 #[derive(Clone, Copy)]
 pub struct Ctx {
-    pub tx: *mut fi::fid_ep,
-    pub rx: *mut fi::fid_ep,
-    pub cq: *mut fi::fid_cq,
+    tx: EpRef<'static>,
+    rx: EpRef<'static>,
+    cq: CqRef<'static>,
 }
 
 impl Ctx {
+    /// The views of `tx`, `rx` and `cq`; `None` unless the CQ has the tagged format.
+    ///
+    /// # Safety
+    /// The three objects stay open while the [`Mtl`] this goes into is reachable.
+    pub unsafe fn new(tx: &Endpoint, rx: &Endpoint, cq: &CompletionQueue) -> Option<Ctx> {
+        cq.tagged()?;
+        // SAFETY: the caller's promise: the objects (open, as their owners' invariants
+        // say, and the CQ tagged, checked above) outlive every use of the views, which
+        // the accessors tie to a borrow of the Ctx inside the state.
+        unsafe {
+            Some(Ctx {
+                tx: EpRef::from_raw(NonNull::new_unchecked(tx.as_ptr())),
+                rx: EpRef::from_raw(NonNull::new_unchecked(rx.as_ptr())),
+                cq: CqRef::from_raw(NonNull::new_unchecked(cq.as_ptr())),
+            })
+        }
+    }
+
     /// The transmit context, to post through.
     #[inline(always)]
     pub fn tx(&self) -> EpRef<'_> {
-        ep_ref(self.tx)
+        self.tx
     }
 
     /// The receive context, to post through.
     #[inline(always)]
     pub fn rx(&self) -> EpRef<'_> {
-        ep_ref(self.rx)
+        self.rx
     }
 
     /// The completion queue, to poll.
     #[inline(always)]
     pub fn cq(&self) -> CqRef<'_> {
-        // SAFETY: the Ctx invariant: an open, tagged-format CQ while the state is
-        // reachable, which the borrow of `self` (part of the state) cannot outlive.
-        unsafe { CqRef::from_raw(NonNull::new_unchecked(self.cq)) }
+        self.cq
     }
-}
-
-#[inline(always)]
-fn ep_ref<'a>(ep: *mut fi::fid_ep) -> EpRef<'a> {
-    // SAFETY: the Ctx invariant: an open endpoint while the state is reachable; the
-    // callers tie 'a to their borrow of the Ctx, which is part of the state.
-    unsafe { EpRef::from_raw(NonNull::new_unchecked(ep)) }
 }
 
 impl Mtl {
@@ -164,18 +172,11 @@ impl Mtl {
     /// The scratch receives end with (see `overflow`), empty when unused.
     #[inline(always)]
     pub fn overflow(&self) -> Local {
-        if self.overflow.is_null() {
-            return Local::NONE;
-        }
-        // SAFETY: the area is mapped from init until finalize unmaps it after the
-        // endpoint closed, and no one but the provider ever reads or writes it (its
-        // contents are garbage, never read), so it may take part in any receive.
-        unsafe {
-            Local::new(
-                self.overflow.cast(),
-                self.overflow_len,
-                std::ptr::null_mut(),
-            )
+        match &self.overflow {
+            None => Local::NONE,
+            // SAFETY: finalize drops the area only once the PML finalized, when no
+            // receive of ours is posted any more, so it outlives every one posted with it.
+            Some(s) => unsafe { s.local() },
         }
     }
 }

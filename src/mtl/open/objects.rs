@@ -41,6 +41,12 @@ pub(super) fn open_objects(
 ) -> Result<Objects, String> {
     let info = chosen.domain.info();
     let e = |what: &str, err: crate::fabric::Error| format!("{what} on {provider}: {err}");
+    let ctx_of = |tx: &Endpoint, rx: &Endpoint, cq: &CompletionQueue| {
+        // SAFETY: the owners go into the Objects returned, which setup keeps in its
+        // resources until finalize, after it took the state holding the Ctx out of MTL.
+        unsafe { state::Ctx::new(tx, rx, cq) }
+            .ok_or_else(|| format!("the completion queue on {provider} is not tagged"))
+    };
     let dom = chosen.domain.domain().clone();
     let nctx = contexts(cfg, info, chosen.soft, provider);
     // Without thread grouping only context 0 carries traffic (as in the C MTL).
@@ -68,11 +74,7 @@ pub(super) fn open_objects(
         let (sep, contexts) = endpoint::open_scalable_enabled(&dom, info, &av, nctx, used)?;
         name = sep.getname().map_err(|x| e("fi_getname", x))?;
         for c in contexts {
-            ctxs.push(state::Ctx {
-                tx: c.tx.as_ptr(),
-                rx: c.rx.as_ptr(),
-                cq: c.cq.as_ptr(),
-            });
+            ctxs.push(ctx_of(&c.tx, &c.rx, &c.cq)?);
             eps.push(c.tx);
             eps.push(c.rx);
             cqs.push(c.cq);
@@ -81,11 +83,7 @@ pub(super) fn open_objects(
         let cq = CompletionQueue::open(&dom, &CqAttr::default()).map_err(|x| e("fi_cq_open", x))?;
         let ep = endpoint::open_enabled(&dom, info, &cq, &av)?;
         name = ep.getname().map_err(|x| e("fi_getname", x))?;
-        ctxs.push(state::Ctx {
-            tx: ep.as_ptr(),
-            rx: ep.as_ptr(),
-            cq: cq.as_ptr(),
-        });
+        ctxs.push(ctx_of(&ep, &ep, &cq)?);
         eps.push(ep);
         cqs.push(cq);
     }

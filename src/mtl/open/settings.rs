@@ -17,7 +17,6 @@ use crate::mtl::softmatch::{self, SoftMatch};
 use crate::mtl::state::{self, Mtl};
 use crate::ompi::params::mtl as idx;
 use libfabric_sys as fi;
-use std::ptr;
 use std::sync::atomic::AtomicU32;
 
 /// Every fabric call is serialised under MPI_THREAD_MULTIPLE, even when the provider
@@ -46,10 +45,10 @@ pub(super) fn build_state(
     // The depth of the provider's receive queue: the MTL keeps part of it for Open
     // MPI's own receives (state::RxBudget).
     let rx = state::RxBudget::new(info.rx_size(), cfg.mpi_threads);
-    let (overflow, overflow_len) = if policy.overflow_receives {
+    let overflow = if policy.overflow_receives {
         overflow_area(info.max_msg_size())
     } else {
-        (ptr::null_mut(), 0)
+        None
     };
     let used = objects.used;
     let mut state = Box::new(Mtl {
@@ -64,7 +63,6 @@ pub(super) fn build_state(
         events_per_progress: param(idx::PROGRESS_EVENT_CNT).max(1) as usize,
         lock: crate::common::sync::MaybeLock::new(threads(cfg)),
         overflow,
-        overflow_len,
         sync_ids: AtomicU32::new(0),
         counters: state::Counters {
             per_ctx: (0..if used > 1 { used } else { 0 })

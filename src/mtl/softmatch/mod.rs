@@ -406,7 +406,7 @@ impl SoftMatch {
         // SAFETY: the token is the address of our own send request, registered in
         // `waiting` when it was sent (`expect`), alive until this, its last
         // completion, and just taken out of `waiting` (so reached once).
-        unsafe { Req::of_token(token) }
+        unsafe { Req::of_addr(token) }
     }
 
     /// Take the send waiting for a `kind` control message with `token`, if any (none
