@@ -10,7 +10,7 @@
 use crate::fabric::FI_ADDR_UNSPEC;
 use crate::fabric::{Local, MemoryRegion, OpContext};
 use crate::ompi::comm::Comm;
-use crate::ompi::convertor::{Convertor, RecvBuffer, SendData};
+use crate::ompi::convertor::{Convertor, OpBuffer, RecvBuffer, SendData};
 use crate::ompi::mtl_request::{MtlRequest, ReqRef};
 use libfabric_sys as fi;
 use ompi_sys as sys;
@@ -61,17 +61,16 @@ pub struct Body {
     pub status: Cell<Status>,
     pub comm: Cell<Option<Comm>>,
     pub convertor: Cell<Option<Convertor>>,
-    /// Where the data is received into (user memory, or a pack buffer we own); set
-    /// only by the buffer methods, which the fabric's `Local`s made of it trust.
-    buffer: Cell<*mut u8>,
-    length: Cell<usize>,
-    owns_buffer: Cell<bool>,
-    /// Probe result: found, and the matched tag/data/length.
-    pub probe_found: Cell<bool>,
+    /// Where the data is received into (user memory, or a pack buffer we own), or the
+    /// pack buffer a send owns.
+    buf: Cell<OpBuffer>,
+    /// Probe result: the matched tag/data/length, and found (after `cancel_requested`,
+    /// where it takes no room of its own).
     pub matched_tag: Cell<u64>,
     pub matched_data: Cell<u64>,
     /// Cancel bookkeeping for receives.
     pub cancel_requested: Cell<bool>,
+    pub probe_found: Cell<bool>,
     /// Software matching: the header sent or matched, the peer, the registration.
     pub sm_hdr: Cell<super::softmatch::Hdr>,
     pub sm_addr: Cell<u64>,
@@ -114,13 +113,11 @@ impl Body {
             status: Cell::new(Status::default()),
             comm: Cell::new(comm),
             convertor: Cell::new(None),
-            buffer: Cell::new(ptr::null_mut()),
-            length: Cell::new(0),
-            owns_buffer: Cell::new(false),
-            probe_found: Cell::new(false),
+            buf: Cell::new(OpBuffer::NONE),
             matched_tag: Cell::new(0),
             matched_data: Cell::new(0),
             cancel_requested: Cell::new(false),
+            probe_found: Cell::new(false),
             sm_hdr: Cell::new(Default::default()),
             sm_addr: Cell::new(0),
             sm_mr: Cell::new(ptr::null_mut()),
@@ -144,45 +141,18 @@ impl Body {
         }
     }
 
-    /// The bytes of the buffer from `at` on, at most `len` of them.
-    ///
-    /// # Safety
-    /// No operation writes the buffer while the slice lives (its receive completed,
-    /// or none was posted), and nothing else writes it meanwhile.
-    #[inline]
-    unsafe fn bytes<'a>(&self, at: usize, len: usize) -> &'a [u8] {
-        let (b, cap) = (self.buffer.get(), self.length.get());
-        if b.is_null() || at >= cap {
-            return &[];
-        }
-        // SAFETY: a non-null buffer holds `length` bytes (set only from a
-        // `RecvBuffer`, `SendData`, an allocation of that length or a Copied block,
-        // see `Req::recv_buf`) and at < cap; the caller's promise keeps them unchanged.
-        unsafe { std::slice::from_raw_parts(b.add(at), len.min(cap - at)) }
-    }
-
-    /// The buffer's three fields; private, so that they are only ever set from the
-    /// sources `Req::recv_buf` trusts.
-    #[inline(always)]
-    fn set_raw_buffer(&self, ptr: *mut u8, len: usize, owned: bool) {
-        self.buffer.set(ptr);
-        self.length.set(len);
-        self.owns_buffer.set(owned);
-    }
-
     /// Free the buffer this request owns, if any.
     ///
     /// # Safety
     /// No operation of the request that uses the buffer is in flight.
     #[inline]
     unsafe fn free_owned(&self) {
-        if self.owns_buffer.get() {
-            // SAFETY: the owned buffer came from libc::malloc (`alloc_buffer`, a
-            // convertor's pack buffer) and no operation uses it (the caller's promise);
-            // the fields are cleared so that it is freed once.
-            unsafe { libc::free(self.buffer.get().cast()) };
-            self.buffer.set(ptr::null_mut());
-            self.owns_buffer.set(false);
+        let b = self.buf.get();
+        if b.owned() {
+            self.buf.set(OpBuffer::NONE);
+            // SAFETY: no operation uses the buffer (the caller's promise), and the
+            // field, its only copy, was cleared above, so it is freed once.
+            unsafe { b.free() };
         }
     }
 }
@@ -205,11 +175,12 @@ impl Request {
     /// its receive completed; empty without one.
     #[inline]
     pub(super) fn received(&mut self, n: usize) -> &[u8] {
-        if !self.owns_buffer.get() {
+        let b = self.buf.get();
+        if !b.owned() {
             return &[];
         }
         // SAFETY: `&mut self`: no handle, and so no operation, reaches the request.
-        unsafe { self.bytes(0, n) }
+        unsafe { b.bytes(0, n) }
     }
 
     /// Free the buffer this request owns, if any.
@@ -244,8 +215,7 @@ macro_rules! fields {
 }
 
 fields! {
-    read: length: usize, owns_buffer: bool,
-        status: Status, comm: Option<Comm>, convertor: Option<Convertor>,
+    read: status: Status, comm: Option<Comm>, convertor: Option<Convertor>,
         probe_found: bool, matched_tag: u64, matched_data: u64,
         sm_hdr: super::softmatch::Hdr, sm_addr: u64, post_addr: u64,
         rx_internal: bool, in_provider: bool;
@@ -281,18 +251,14 @@ impl Req {
     /// stay valid until the buffer is posted again.
     #[inline]
     pub(crate) fn received_at<'a>(self, multi: bool, buf: usize, len: usize) -> Option<&'a [u8]> {
-        let r = self.get();
-        let at = if multi {
-            buf.wrapping_sub(r.buffer.get() as usize)
-        } else {
-            0
-        };
-        if at >= r.length.get() {
+        let b = self.get().buf.get();
+        let at = if multi { buf.wrapping_sub(b.addr()) } else { 0 };
+        if at >= b.len() {
             return None;
         }
         // SAFETY: the buffer's receive completed, so nothing writes it until it is
         // posted again, which the caller does only after it is done with the bytes.
-        Some(unsafe { r.bytes(at, len) })
+        Some(unsafe { b.bytes(at, len) })
     }
 
     /// The completions still expected.
@@ -325,8 +291,7 @@ impl Req {
     /// this request now owns and frees at completion).
     #[inline]
     pub(crate) fn set_recv_buffer(self, b: RecvBuffer) {
-        let (ptr, len, owned) = b.into_parts();
-        self.get().set_raw_buffer(ptr, len, owned);
+        self.get().buf.set(OpBuffer::recv(b));
     }
 
     /// Give the request a fresh buffer of `len` bytes it owns (freed at completion).
@@ -334,25 +299,15 @@ impl Req {
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: plain allocation; checked for null below.
-        let b = unsafe { libc::malloc(len) } as *mut u8;
-        if b.is_null() {
-            return Err(sys::OMPI_ERR_OUT_OF_RESOURCE);
-        }
-        self.get().set_raw_buffer(b, len, true);
+        let b = OpBuffer::alloc(len).ok_or(sys::OMPI_ERR_OUT_OF_RESOURCE)?;
+        self.get().buf.set(b);
         Ok(())
     }
 
     /// Where the request's receive lands, for the fabric.
     #[inline]
     pub(crate) fn recv_buf(self) -> Local {
-        let r = self.get();
-        // SAFETY: buffer and length are set only from a `RecvBuffer` (the user's memory,
-        // valid until the PML's request completes, or ours), by `alloc_buffer` (ours,
-        // freed only by `free_buffer` after the completion) or to a Copied request's
-        // own block, so they describe memory that stays valid, and that only the
-        // provider touches, until the operation completes.
-        unsafe { Local::new(r.buffer.get().cast(), r.length.get(), ptr::null_mut()) }
+        self.get().buf.get().local()
     }
 
     /// The data of a send, for the fabric: the request takes over a pack buffer (and
@@ -360,31 +315,20 @@ impl Req {
     /// the post fails); a contiguous user buffer stays the PML's.
     #[inline]
     pub(crate) fn send_buf(self, data: SendData) -> Local {
-        let (ptr, len, owned) = data.into_parts();
-        if owned {
-            self.get().set_raw_buffer(ptr as *mut u8, len, true);
+        let b = OpBuffer::send(data);
+        if b.owned() {
+            self.get().buf.set(b);
         }
-        // SAFETY: a pack buffer is owned by the request from here until its last
-        // completion (or a failed post); the user's contiguous buffer is valid until
-        // the PML's request completes, which is after the send's completion.
-        unsafe { Local::new(ptr.cast_mut().cast(), len, ptr::null_mut()) }
+        b.local()
     }
 
     /// Copy `bytes` into the request's buffer at `at`, as much as fits; the bytes
     /// copied.
     #[inline]
     pub(crate) fn write_at(self, at: usize, bytes: &[u8]) -> usize {
-        let cap = self.length();
-        if at >= cap {
-            return 0;
-        }
-        let n = bytes.len().min(cap - at);
-        if n > 0 {
-            // SAFETY: the buffer holds `length` bytes (see `recv_buf`), no operation
-            // writes it now (the caller matched the message itself), and n <= cap - at.
-            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.get().buffer.get().add(at), n) }
-        }
-        n
+        // SAFETY: no operation uses the buffer now: the caller matched the message
+        // itself (or stamps a copy not yet posted).
+        unsafe { self.get().buf.get().write_at(at, bytes) }
     }
 
     /// Free the buffer the request owns, if any.
@@ -399,13 +343,14 @@ impl Req {
     /// user's datatype, then free it.
     #[inline]
     pub(crate) fn unpack_owned(self, n: usize) {
-        if !self.owns_buffer() {
+        let b = self.get().buf.get();
+        if !b.owned() {
             return;
         }
         if let Some(conv) = self.convertor() {
             // SAFETY: the receive that just completed wrote the first n bytes, and
             // nothing else references the buffer, which the request owns.
-            conv.unpack(unsafe { self.get().bytes(0, n) });
+            conv.unpack(unsafe { b.bytes(0, n) });
         }
         self.free_buffer();
     }
@@ -453,7 +398,11 @@ impl Req {
     pub(crate) fn alloc_copied(head: &[u8], data: &[u8]) -> Option<Req> {
         let r = MtlRequest::internal(Body::new(Kind::Copied, None));
         let (c, copy) = ReqRef::alloc_with_tail(r, head, data)?;
-        c.get().set_raw_buffer(copy, head.len() + data.len(), false);
+        // SAFETY: the copy lives in the request's own block, freed by free_copied
+        // after the send's completion.
+        c.get()
+            .buf
+            .set(unsafe { OpBuffer::kept(copy, head.len() + data.len()) });
         Some(c)
     }
 
@@ -487,6 +436,12 @@ impl Req {
         unsafe { self.free_with_tail(self.length()) }
     }
 
+    /// The length of the request's buffer.
+    #[inline(always)]
+    pub(crate) fn length(self) -> usize {
+        self.get().buf.get().len()
+    }
+
     /// A PML request stands behind this one.
     #[inline(always)]
     pub(crate) fn has_pml(self) -> bool {
@@ -498,5 +453,15 @@ impl Req {
     #[inline]
     pub(crate) fn complete_to_pml(self) {
         self.complete_with(self.status())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The bytes Open MPI reserves behind its request (mtl_request_size) for the
+    /// layout of 64-bit Linux.
+    #[test]
+    fn request_extra_is_stable() {
+        assert_eq!(super::REQUEST_EXTRA, 272);
     }
 }

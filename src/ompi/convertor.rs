@@ -232,6 +232,151 @@ impl RecvBuffer {
     }
 }
 
+/// The memory of a request's operations, kept in the request: none, the user's
+/// memory (valid until the PML's request completes, from a [`RecvBuffer`] or
+/// [`SendData`]), a buffer from `libc::malloc` that the request owns (`owned`, freed by
+/// [`OpBuffer::free`]), or memory the request's owner keeps as long as the request (a
+/// copied send's block). `Copy`, so that it can sit in a `Cell` of the request.
+///
+/// Invariant: `ptr` is null (and `len` 0), or holds `len` bytes that stay valid until
+/// the operations posted with them complete, and, when `owned`, until `free`.
+#[derive(Clone, Copy, Debug)]
+pub struct OpBuffer {
+    ptr: *mut u8,
+    len: usize,
+    owned: bool,
+}
+
+impl OpBuffer {
+    pub const NONE: OpBuffer = OpBuffer {
+        ptr: ptr::null_mut(),
+        len: 0,
+        owned: false,
+    };
+
+    /// The memory a receive lands in, taken over (with the pack buffer it may own).
+    #[inline]
+    pub fn recv(b: RecvBuffer) -> OpBuffer {
+        OpBuffer {
+            ptr: b.ptr,
+            len: b.len,
+            owned: b.owned,
+        }
+    }
+
+    /// The data of a send, taken over (with the pack buffer it may own).
+    #[inline]
+    pub fn send(d: SendData) -> OpBuffer {
+        let (ptr, len, owned) = d.into_parts();
+        OpBuffer {
+            ptr: ptr.cast_mut(),
+            len,
+            owned,
+        }
+    }
+
+    /// `len` (not 0) fresh bytes, owned; `None` without memory.
+    pub fn alloc(len: usize) -> Option<OpBuffer> {
+        // SAFETY: a plain allocation, checked for null below.
+        let ptr = unsafe { libc::malloc(len) } as *mut u8;
+        (!ptr.is_null()).then_some(OpBuffer {
+            ptr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// `len` bytes at `ptr` that the caller keeps.
+    ///
+    /// # Safety
+    /// As the type's invariant: the bytes stay valid until the operations posted with
+    /// them complete.
+    #[inline]
+    pub unsafe fn kept(ptr: *mut u8, len: usize) -> OpBuffer {
+        OpBuffer {
+            ptr,
+            len,
+            owned: false,
+        }
+    }
+
+    #[inline(always)]
+    pub fn len(self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    pub fn owned(self) -> bool {
+        self.owned
+    }
+
+    /// Where the memory starts, as an address (to place a multi-receive fragment).
+    #[inline(always)]
+    pub fn addr(self) -> usize {
+        self.ptr as usize
+    }
+
+    /// The memory as a range to post.
+    #[inline(always)]
+    pub fn local(self) -> crate::fabric::Local {
+        // SAFETY: the type's invariant: the bytes stay valid until the operations
+        // posted with them complete; the user does not touch a buffer an MPI operation
+        // is using, and this crate reaches the bytes only through `bytes` and
+        // `write_at`, whose callers promise that no operation uses them.
+        unsafe { crate::fabric::Local::new(self.ptr.cast(), self.len, ptr::null_mut()) }
+    }
+
+    /// The bytes from `at` on, at most `len` of them (none past the end).
+    ///
+    /// # Safety
+    /// No operation writes the bytes while the slice lives (the receive that wrote
+    /// them completed), nor does anything else, and the buffer is not freed meanwhile.
+    #[inline]
+    pub unsafe fn bytes<'a>(self, at: usize, len: usize) -> &'a [u8] {
+        if self.ptr.is_null() || at >= self.len {
+            return &[];
+        }
+        // SAFETY: at < len, so the slice lies inside the buffer (the invariant); the
+        // caller's promise keeps it unchanged.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(at), len.min(self.len - at)) }
+    }
+
+    /// Copy `bytes` in at `at`, as much as fits; the bytes copied.
+    ///
+    /// # Safety
+    /// No operation reads or writes the buffer now, nor does anything else.
+    #[inline]
+    pub unsafe fn write_at(self, at: usize, bytes: &[u8]) -> usize {
+        if self.ptr.is_null() || at >= self.len {
+            return 0;
+        }
+        let n = bytes.len().min(self.len - at);
+        // SAFETY: n <= len - at, inside the buffer (the invariant); the caller's promise
+        // makes this the only access.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), n) };
+        n
+    }
+
+    /// Free an owned buffer (nothing otherwise).
+    ///
+    /// # Safety
+    /// No operation uses the buffer any more, and no copy of this value is used
+    /// afterwards.
+    #[inline]
+    pub unsafe fn free(self) {
+        if self.owned {
+            // SAFETY: owned buffers come from libc::malloc (`alloc`, a pack buffer of
+            // `region`); the caller's promise makes this the last use.
+            unsafe { libc::free(self.ptr.cast()) };
+        }
+    }
+}
+
 impl Convertor {
     /// Deliver `src`, bytes received into a buffer of ours, to the user's memory: a
     /// copy when it is one contiguous block, else an unpack. Returns the bytes
