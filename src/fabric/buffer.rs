@@ -455,6 +455,20 @@ impl<const N: usize> StackMsg<N> {
         // fill write every byte they count), borrowed with self.
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast(), self.len) }
     }
+
+    /// The bytes written so far, to change in place (a header stamped at each
+    /// attempt).
+    #[inline(always)]
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `bytes`; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast(), self.len) }
+    }
+
+    /// Start a new message in the same buffer (nothing is cleared).
+    #[inline(always)]
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
 }
 
 #[cfg(test)]

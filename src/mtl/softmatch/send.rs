@@ -8,6 +8,7 @@ use super::order::stamp;
 use super::wire::{Hdr, ACK, EAGER, FIN, FRAG, HDR_LEN, RTS};
 use super::SoftMatch;
 use crate::common::fbox;
+use crate::fabric::buffer::StackMsg;
 use crate::fabric::{self, Error, Local, MemoryRegion};
 use crate::mtl::peer::Peer;
 use crate::mtl::progress;
@@ -17,7 +18,6 @@ use crate::ompi::convertor::SendData;
 use crate::ompi::error::OpalCode;
 use libfabric_sys as fi;
 use ompi_sys as sys;
-use std::mem::MaybeUninit;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
@@ -42,23 +42,14 @@ pub const PIECE_BUF: usize = 4096;
 /// handed on, and zeroing 4 KiB costs more than the rest of a small send); `None` when
 /// they do not fit.
 #[inline(always)]
-fn assemble<'a>(
-    tmp: &'a mut MaybeUninit<[u8; PIECE_BUF]>,
-    h: &Hdr,
-    data: &[u8],
-) -> Option<&'a mut [u8]> {
-    let total = HDR_LEN + data.len();
-    if total > PIECE_BUF {
+fn assemble<'a>(tmp: &'a mut StackMsg<PIECE_BUF>, h: &Hdr, data: &[u8]) -> Option<&'a mut [u8]> {
+    if HDR_LEN + data.len() > PIECE_BUF {
         return None;
     }
-    let p = tmp.as_mut_ptr() as *mut u8;
-    // SAFETY: tmp has room for total <= PIECE_BUF bytes; the header and the data are
-    // copied into its first total bytes, which are then initialised.
-    unsafe {
-        std::ptr::copy_nonoverlapping(h.to_bytes().as_ptr(), p, HDR_LEN);
-        std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(HDR_LEN), data.len());
-        Some(std::slice::from_raw_parts_mut(p, total))
-    }
+    tmp.clear();
+    tmp.push(&h.to_bytes());
+    tmp.push(data);
+    Some(tmp.bytes_mut())
 }
 
 /// Send the eager message of `hdr` (`data` its payload) as pieces of at most
@@ -68,7 +59,7 @@ fn send_pieces(m: &Mtl, sm: &SoftMatch, hdr: &Hdr, data: &[u8], addr: u64) -> fa
     let len = data.len();
     let id = sm.next_piece_id.fetch_add(2, Ordering::Relaxed);
     let step = sm.piece_max - HDR_LEN;
-    let mut tmp = MaybeUninit::<[u8; PIECE_BUF]>::uninit();
+    let mut tmp = StackMsg::<PIECE_BUF>::default();
     // The message's number, taken by its first piece and carried by every piece.
     let mut num: Option<(u32, u64)> = None;
     for (i, piece) in data.chunks(step).enumerate() {
@@ -184,7 +175,7 @@ fn inject_whole(
     if sm.send_window > 0 || total > m.inject_size || (pieces > 0 && total > pieces) {
         return None;
     }
-    let mut tmp = MaybeUninit::<[u8; PIECE_BUF]>::uninit();
+    let mut tmp = StackMsg::<PIECE_BUF>::default();
     let bytes = assemble(&mut tmp, hdr, data)?;
     let ep = m.ep();
     Some(progress::retry(m, |s| {
