@@ -6,7 +6,7 @@
 //! provider's flow control. What it must not touch: receives and their queue.
 
 use super::completion::finish_part;
-use super::peer::peer;
+use super::peer::{peer, Peer};
 use super::progress::{retry, to_ompi, wait_until, with_request};
 use super::request::{Kind, Req, Request};
 use super::state::{locked, mtl, Entry, Mtl};
@@ -187,6 +187,22 @@ fn inject(m: &Mtl, addr: u64, data: &SendData, comm: Comm, tag: c_int, may_defer
     send_or_defer(m, p, data.bytes(), may_defer)
 }
 
+/// What every send starts with: the running MTL, the peer, the data (packed when it
+/// is not contiguous) and whether the send is synchronous.
+#[inline]
+fn prepare(
+    e: &Entry,
+    comm: Comm,
+    dest: c_int,
+    conv: Convertor,
+    mode: sys::mca_pml_base_send_mode_t,
+) -> Result<(&Mtl, Peer, SendData, bool), c_int> {
+    let m = mtl(e).ok_or(sys::OMPI_ERR_NOT_AVAILABLE)?;
+    let to = peer(comm, dest)?;
+    let data = SendData::of(conv)?;
+    Ok((m, to, data, mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS))
+}
+
 /// A blocking send (`MPI_Send`, `MPI_Ssend`): complete on return.
 pub(super) fn send_impl(
     e: &Entry,
@@ -196,19 +212,11 @@ pub(super) fn send_impl(
     conv: Convertor,
     mode: sys::mca_pml_base_send_mode_t,
 ) -> c_int {
-    let Some(m) = mtl(e) else {
-        return sys::OMPI_ERR_NOT_AVAILABLE;
-    };
-    let to = match peer(comm, dest) {
+    let (m, to, data, sync) = match prepare(e, comm, dest, conv, mode) {
         Ok(p) => p,
-        Err(e) => return e,
+        Err(rc) => return rc,
     };
     let addr = to.addr;
-    let data = match SendData::of(conv) {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
     if let Some(sm) = m.soft.as_deref() {
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
         if !sync {
@@ -280,19 +288,11 @@ pub(super) fn isend_impl(
     mode: sys::mca_pml_base_send_mode_t,
     r: Req,
 ) -> c_int {
-    let Some(m) = mtl(e) else {
-        return sys::OMPI_ERR_NOT_AVAILABLE;
-    };
-    let to = match peer(comm, dest) {
+    let (m, to, data, sync) = match prepare(e, comm, dest, conv, mode) {
         Ok(p) => p,
-        Err(e) => return e,
+        Err(rc) => return rc,
     };
     let addr = to.addr;
-    let data = match SendData::of(conv) {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let sync = mode == sys::MCA_PML_BASE_SEND_SYNCHRONOUS;
     if let Some(sm) = m.soft.as_deref() {
         let (bits, cqd) = soft_envelope(m, comm, tag, sync);
         let rc = super::softmatch::send(m, sm, r, to, data, bits, cqd, sync);

@@ -56,21 +56,17 @@ fn matches(m: &Mtl, comm: Comm, want: u64, ignore: u64, addr: u64, bits: u64, da
     }
 }
 
+/// Does stashed message `s` match (`comm`, `want`/`ignore`, `addr`)?
+fn stash_matches(m: &Mtl, comm: Comm, (want, ignore, addr): (u64, u64, u64), s: &Request) -> bool {
+    let (bits, data) = (s.matched_tag.get(), s.matched_data.get());
+    matches(m, comm, want, ignore, addr, bits, data)
+}
+
 /// Does stashed message `s` match receive `r` (its match bits and address set)?
 fn matches_recv(m: &Mtl, r: Req, s: &Request) -> bool {
-    let (comm, want, ignore, addr) = (r.comm(), r.matched_tag(), r.matched_data(), r.post_addr());
+    let key = (r.matched_tag(), r.matched_data(), r.post_addr());
     // A receive without a communicator matches nothing (every receive has one).
-    comm.is_some_and(|comm| {
-        matches(
-            m,
-            comm,
-            want,
-            ignore,
-            addr,
-            s.matched_tag.get(),
-            s.matched_data.get(),
-        )
-    })
+    r.comm().is_some_and(|comm| stash_matches(m, comm, key, s))
 }
 
 /// Take the oldest stashed message receive `r` matches.
@@ -84,18 +80,8 @@ pub(super) fn take_for_recv(m: &Mtl, d: &mut Deferred, r: Req) -> Option<Box<Req
 }
 
 /// The oldest stashed message a probe of (`comm`, `want`/`ignore`, `addr`) matches.
-fn find(m: &Mtl, d: &Deferred, comm: Comm, (want, ignore, addr): (u64, u64, u64)) -> Option<usize> {
-    d.stash.iter().position(|s| {
-        matches(
-            m,
-            comm,
-            want,
-            ignore,
-            addr,
-            s.matched_tag.get(),
-            s.matched_data.get(),
-        )
-    })
+fn find(m: &Mtl, d: &Deferred, comm: Comm, key: (u64, u64, u64)) -> Option<usize> {
+    d.stash.iter().position(|s| stash_matches(m, comm, key, s))
 }
 
 /// `MPI_Iprobe` of the stash: tag bits, CQ data and length of the oldest match.
