@@ -93,6 +93,12 @@ pub type Request = MtlRequest<Body>;
 /// synchronous sends), which is why its methods are crate-private.
 pub type Req = ReqRef<Body>;
 
+// SAFETY: a request is handed between threads only through its `pending` counter
+// (release/acquire) or under a lock (the queues that hold handles), see `ReqRef`'s
+// invariant; the body's raw pointers (its buffer, its registration, the PML's objects)
+// are reached only by the thread that holds the request.
+unsafe impl Send for Req {}
+
 pub use crate::ompi::request::Status;
 
 /// Bytes the PML must reserve after its request for us.

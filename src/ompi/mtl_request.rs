@@ -77,7 +77,8 @@ impl<B> MtlRequest<B> {
 /// atomics), so that a completion that writes the request re-entrantly, from a
 /// progress call made in the middle of an operation on it, never aliases a `&mut`.
 /// Threads hand a request over through a counter of the body (release/acquire) or a
-/// lock, as the C MTL does, so two threads never use it at once.
+/// lock, as the C MTL does, so two threads never use it at once. Whether a handle may
+/// cross threads depends on the body, so the component claims `Send` for its own.
 pub struct ReqRef<B>(NonNull<MtlRequest<B>>);
 
 impl<B> Clone for ReqRef<B> {
@@ -99,11 +100,6 @@ impl<B> fmt::Debug for ReqRef<B> {
         f.debug_tuple("ReqRef").field(&self.0).finish()
     }
 }
-
-// SAFETY: a request is handed between threads only through a counter (release/acquire)
-// or under a lock (the queues that hold handles), see the invariant; its body holds
-// only what it is built with, which the component sends along with the handle.
-unsafe impl<B> Send for ReqRef<B> {}
 
 impl<B> ReqRef<B> {
     /// The request, shared for as long as the handle is borrowed.
