@@ -15,6 +15,7 @@ use crate::ompi::mtl_request::{MtlRequest, ReqRef};
 use libfabric_sys as fi;
 use ompi_sys as sys;
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
 use std::os::raw::c_int;
 use std::ptr;
 use std::sync::atomic::AtomicI32;
@@ -74,8 +75,9 @@ pub struct Body {
     /// Software matching: the header sent or matched, the peer, the registration.
     pub sm_hdr: Cell<super::softmatch::Hdr>,
     pub sm_addr: Cell<u64>,
-    /// Null or the `Box` that `Req::keep_mr` leaked.
-    sm_mr: Cell<*mut MemoryRegion>,
+    /// The registration `Req::keep_mr` kept. Not dropped with the request, as the
+    /// PML frees its requests without dropping them: `Req::take_mr` hands it back.
+    sm_mr: Cell<Option<ManuallyDrop<Box<MemoryRegion>>>>,
     /// Source address a receive is posted with.
     pub post_addr: Cell<u64>,
     /// A receive with a negative tag (Open MPI's own), see [`Deferred`].
@@ -126,7 +128,7 @@ impl Body {
             probe_found: Cell::new(false),
             sm_hdr: Cell::new(Default::default()),
             sm_addr: Cell::new(0),
-            sm_mr: Cell::new(ptr::null_mut()),
+            sm_mr: Cell::new(None),
             post_addr: Cell::new(FI_ADDR_UNSPEC),
             rx_internal: Cell::new(false),
             in_provider: Cell::new(false),
@@ -365,15 +367,13 @@ impl Req {
     #[inline]
     pub(crate) fn keep_mr(self, mr: MemoryRegion) {
         drop(self.take_mr());
-        self.get().sm_mr.set(Box::into_raw(Box::new(mr)));
+        self.get().sm_mr.set(Some(ManuallyDrop::new(Box::new(mr))));
     }
 
     /// Take back the registration [`Req::keep_mr`] kept, if any.
     #[inline]
     pub(crate) fn take_mr(self) -> Option<Box<MemoryRegion>> {
-        let p = self.get().sm_mr.replace(ptr::null_mut());
-        // SAFETY: sm_mr is null or the Box `keep_mr` leaked, taken once (cleared above).
-        (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+        self.get().sm_mr.take().map(ManuallyDrop::into_inner)
     }
 
     /// The software-matching header kept in the request, as the first part of a send
