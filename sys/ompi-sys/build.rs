@@ -50,6 +50,27 @@ fn usable(incs: &[PathBuf]) -> bool {
     incs.iter().any(|d| d.join("ompi/mca/mtl/mtl.h").exists())
 }
 
+/// `OMPI_MAJOR_VERSION`, `_MINOR_` and `_RELEASE_` of `ompi/version.h` in the include
+/// directories.
+fn ompi_version(incs: &[PathBuf]) -> Option<(u32, u32, u32)> {
+    let text = incs
+        .iter()
+        .find_map(|d| std::fs::read_to_string(d.join("ompi/version.h")).ok())?;
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("#define") && w.next() == Some(name))
+                .then(|| w.next()?.parse().ok())
+                .flatten()
+        })
+    };
+    Some((
+        field("OMPI_MAJOR_VERSION")?,
+        field("OMPI_MINOR_VERSION")?,
+        field("OMPI_RELEASE_VERSION")?,
+    ))
+}
+
 fn main() {
     for v in ["OMPI_OFI_MPICC", "OMPI_OFI_INCDIRS", "OMPI_OFI_LIBDIRS"] {
         println!("cargo:rerun-if-env-changed={v}");
@@ -99,6 +120,18 @@ fn main() {
             failures.join("\n  ")
         );
     };
+    // The bindings and the components follow Open MPI 4.1's internal interfaces; 5.0
+    // changed the BTL and MTL structs without changing their version numbers, so a
+    // build against it would load and then misread them (../../docs/building-openmpi.md).
+    match ompi_version(&incs) {
+        Some((4, 1, _)) => {}
+        Some((major, minor, release)) => panic!(
+            "Open MPI {major}.{minor}.{release} found (include dirs {incs:?}): ompi-ofi builds \
+             only against Open MPI 4.1 so far; Open MPI 5 support is not done yet \
+             (docs/building-openmpi.md)"
+        ),
+        None => panic!("Open MPI's ompi/version.h not found in {incs:?}"),
+    }
     for l in &libs {
         println!("cargo:rustc-link-search=native={}", l.display());
     }
