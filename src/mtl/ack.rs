@@ -29,13 +29,29 @@ use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Receives of the pool per receive context: acknowledgements that arrive while all
-/// of them are being reposted wait in the provider as unexpected messages.
+/// Receives of the pool per receive context at most: acknowledgements that arrive
+/// while all of them are being reposted wait in the provider as unexpected messages.
 pub const POOL: usize = 16;
+
+/// Receives of the pool per receive context for a provider whose receive queue holds
+/// `capacity` receives (0: unknown): a sixteenth of the queue, between 1 and [`POOL`].
+/// A full pool in a small queue leaves no room for the receives of the data: with
+/// `FI_OFI_RXM_RX_SIZE=4`, 16 posted acknowledgement receives hung the first
+/// `MPI_Ssend` (scripts/test-hostile, "tiny rxm rx queue"). The MTL's receive budget
+/// counts the pool as posted from the start ([`super::state::RxBudget`]).
+pub fn pool_size(capacity: usize) -> usize {
+    if capacity == 0 {
+        POOL
+    } else {
+        (capacity / 16).clamp(1, POOL)
+    }
+}
 
 /// The pool and the sends waiting for their acknowledgement.
 #[derive(Default)]
 pub struct Acks {
+    /// Receives of the pool per receive context ([`pool_size`]).
+    per_context: usize,
     /// The pool's requests with the index of the context each is posted on. They
     /// live as long as the MTL state, which is dropped after the endpoint closed.
     pool: Mutex<Vec<(usize, Box<Request>)>>,
@@ -43,6 +59,16 @@ pub struct Acks {
     ready: AtomicBool,
     /// Synchronous sends by id.
     waiting: Mutex<IdMap<u32, Req>>,
+}
+
+impl Acks {
+    /// No pool posted yet; `per_context` receives per context once it is.
+    pub fn new(per_context: usize) -> Acks {
+        Acks {
+            per_context,
+            ..Default::default()
+        }
+    }
 }
 
 /// Post pool receive `r` on context `index`.
@@ -75,7 +101,7 @@ fn ensure_pool(m: &Mtl) -> Result<(), c_int> {
     for index in 0..m.ctxs.len() {
         // After a failed try, the receives posted then are in `pool` already.
         let have = pool.iter().filter(|(i, _)| *i == index).count();
-        for _ in have..POOL {
+        for _ in have..m.acks.per_context {
             let mut r = Box::new(Request::of_kind(Kind::Ack, None));
             // SAFETY: the Box goes into `pool` below (or is dropped unposted), which
             // keeps it, unmoved on the heap, until the MTL state is dropped after the
@@ -161,4 +187,18 @@ pub(super) fn failed(m: &Mtl, r: Req, code: u32) {
         crate::fabric::Error(code as i32)
     );
     repost(m, r);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pool_size, POOL};
+
+    #[test]
+    fn pool_leaves_room_in_small_queues() {
+        assert_eq!(pool_size(0), POOL);
+        assert_eq!(pool_size(4), 1);
+        assert_eq!(pool_size(64), 4);
+        assert_eq!(pool_size(2048), POOL);
+        assert_eq!(pool_size(4096), POOL);
+    }
 }

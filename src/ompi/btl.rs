@@ -433,7 +433,7 @@ impl Template {
     /// BTL variables of `component` on it. Run from the component's register, which
     /// Open MPI serialises. `false` when out of memory.
     // Never inlined: scripts/valgrind-ours recognises the template's deliberate leak
-    // by the name of this function's caller, which an inlined frame would lose.
+    // by this function's name, which an inlined frame would lose.
     #[inline(never)]
     pub fn register(
         &self,

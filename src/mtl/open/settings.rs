@@ -12,6 +12,7 @@ use super::{param, Config};
 use crate::common::fbox;
 use crate::common::sync::Threads;
 use crate::fabric::Endpoint;
+use crate::mtl::ack;
 use crate::mtl::setup::overflow_area;
 use crate::mtl::softmatch::{self, SoftMatch};
 use crate::mtl::state::{self, Mtl};
@@ -44,7 +45,15 @@ pub(super) fn build_state(
     let policy = &chosen.policy;
     // The depth of the provider's receive queue: the MTL keeps part of it for Open
     // MPI's own receives (state::RxBudget).
-    let rx = state::RxBudget::new(info.rx_size(), cfg.mpi_threads);
+    // The acknowledgement pool of synchronous sends takes its receives off the top.
+    let acks = ack::pool_size(info.rx_size());
+    let rx = state::RxBudget::new(
+        match info.rx_size() {
+            0 => 0,
+            n => n.saturating_sub(acks).max(1),
+        },
+        cfg.mpi_threads,
+    );
     let overflow = if policy.overflow_receives {
         overflow_area(info.max_msg_size())
     } else {
@@ -81,7 +90,7 @@ pub(super) fn build_state(
         fast_posts: Default::default(),
         posted_gen: Default::default(),
         claim_busy: Default::default(),
-        acks: Default::default(),
+        acks: ack::Acks::new(acks),
     });
     if chosen.soft {
         let sm = software_matching(cfg, chosen, &objects.eps[0], &state, provider)?;
