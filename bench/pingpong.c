@@ -29,6 +29,8 @@
  *             to 12 us on shm, for every component alike
  *   -T        initialise with MPI_THREAD_MULTIPLE (one thread still does the traffic):
  *             what the components cost when threads may call them
+ *   -S        the latency ping-pong sends with MPI_Ssend: what a synchronous send's
+ *             acknowledgement costs (the stream is unchanged)
  *   -h        usage
  *
  * Only ranks 0 and 1 take part; any further ranks wait in the final barrier.
@@ -43,7 +45,7 @@
 
 static const char usage[] =
     "usage: pingpong [-s sizes] [-i iters] [-w warmup] [-t secs] [-b bwbytes] [-W window]\n"
-    "                [-n windows] [-q] [-1] [-T] [-h]  (see the comment at the top of bench/pingpong.c)\n";
+    "                [-n windows] [-q] [-1] [-T] [-S] [-h]  (see the comment at the top of bench/pingpong.c)\n";
 
 static int iters_for(long size, int base)
 {
@@ -73,14 +75,17 @@ static int fit_budget(int rank, double per_iter, int min_iters, int max_iters, d
     return n;
 }
 
+/* MPI_Send, or MPI_Ssend with -S. */
+static int (*send_fn)(const void *, int, MPI_Datatype, int, int, MPI_Comm) = MPI_Send;
+
 static void round_trip(int rank, char *sbuf, char *rbuf, long size)
 {
     if (rank == 0) {
-        MPI_Send(sbuf, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
+        send_fn(sbuf, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
         MPI_Recv(rbuf, (int)size, MPI_BYTE, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     } else {
         MPI_Recv(rbuf, (int)size, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        MPI_Send(sbuf, (int)size, MPI_BYTE, 0, 1, MPI_COMM_WORLD);
+        send_fn(sbuf, (int)size, MPI_BYTE, 0, 1, MPI_COMM_WORLD);
     }
 }
 
@@ -174,7 +179,7 @@ int main(int argc, char **argv)
     if (threaded && provided != MPI_THREAD_MULTIPLE && rank == 0)
         fprintf(stderr, "pingpong: -T: MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
 
-    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q1Th")) != -1) {
+    while ((opt = getopt(argc, argv, "s:i:w:t:b:W:n:q1TSh")) != -1) {
         switch (opt) {
         case 's':
             nsizes = parse_list(optarg, sizes);
@@ -190,6 +195,7 @@ int main(int argc, char **argv)
         case 'q': quick = 1; break;
         case '1': one_buffer = 1; break;
         case 'T': break;
+        case 'S': send_fn = MPI_Ssend; break;
         case 'h':
             if (rank == 0)
                 printf("%s", usage);
